@@ -1,0 +1,1 @@
+"""nfsgw: the NFSv3 gateway server."""

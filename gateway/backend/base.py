@@ -1,0 +1,129 @@
+"""The object-store interface every backend implements, and its error hierarchy.
+
+Owns: the narrow contract between the gateway and an object store (list page, head, get
+range, put, multipart, copy, delete) and the request counters that make "backend requests
+per file" readable. Must not: import nfsproto or know about NFS; the gateway maps
+``BackendError`` subclasses to NFS status codes in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class BackendError(Exception):
+    """A backend request failed for good (after retries). Maps to NFS3ERR_IO."""
+
+
+class ObjectNotFound(BackendError):
+    """404 / NoSuchKey. Maps to NOENT or STALE depending on the caller."""
+
+
+class PreconditionFailed(BackendError):
+    """412: the object changed under an If-Match. The caller refetches attributes."""
+
+
+class BackendUnavailable(BackendError):
+    """Retries exhausted on 5xx/SlowDown/connection errors or a timeout: retry later
+    (NFS3ERR_JUKEBOX where the export allows it)."""
+
+
+class AccessDeniedError(BackendError):
+    """403 from the store. Maps to NFS3ERR_ACCES."""
+
+
+@dataclass(slots=True)
+class ObjectInfo:
+    """One object as a listing or a HEAD describes it. ``key`` is the full key."""
+
+    key: str
+    size: int
+    etag: str
+    mtime_ns: int
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ListPage:
+    """One ListObjectsV2 page with ``Delimiter='/'``. ``prefixes`` are full common prefixes
+    (ending in '/'). ``next_token`` is None on the last page. ``skipped`` counts keys the
+    backend could not represent (e.g. not UTF-8)."""
+
+    objects: list[ObjectInfo]
+    prefixes: list[str]
+    next_token: str | None
+    skipped: int = 0
+
+
+@dataclass(slots=True)
+class GetResult:
+    """Body of a (ranged) GET. ``size`` is the whole object's size, ``etag`` its version."""
+
+    data: bytes
+    etag: str
+    size: int
+    mtime_ns: int
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+# Called once per backend request: (operation, outcome, seconds). Operations: "list", "head",
+# "get", "put", "create_multipart", "upload_part", "complete_multipart", "abort_multipart",
+# "copy", "delete". Outcomes: "ok", "not_found", "precondition", "error", "retry".
+RequestObserver = Callable[[str, str, float], None]
+
+
+class ObjectStore(Protocol):
+    """An export's view of one bucket (or directory) under one prefix. Keys passed in and out
+    are full keys; the namespace strips and adds the export prefix."""
+
+    name: str
+
+    async def list_page(
+        self,
+        prefix: str,
+        *,
+        delimiter: str | None = "/",
+        token: str | None = None,
+        start_after: str | None = None,
+        max_keys: int = 1000,
+    ) -> ListPage: ...
+
+    async def head(self, key: str) -> ObjectInfo: ...
+
+    async def get(
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        if_match: str | None = None,
+    ) -> GetResult:
+        """Bytes [start, end) of the object (end None = to the end). ``if_match`` pins the
+        version: a changed object raises PreconditionFailed."""
+        ...
+
+    async def put(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo: ...
+
+    async def create_multipart(
+        self, key: str, metadata: Mapping[str, str] | None = None
+    ) -> str: ...
+
+    async def upload_part(self, key: str, upload_id: str, part_no: int, data: bytes) -> str: ...
+
+    async def complete_multipart(
+        self, key: str, upload_id: str, parts: list[tuple[int, str]]
+    ) -> ObjectInfo: ...
+
+    async def abort_multipart(self, key: str, upload_id: str) -> None: ...
+
+    async def copy(
+        self, src: str, dst: str, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""nfsgw-loadgen: ImageNet-epoch load generator."""
