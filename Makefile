@@ -1,0 +1,49 @@
+# nfsgw — the two set-up commands are `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Debian packages the tests need: libnfs-utils (an independent NFS client), tshark (an
+# independent decoder of our encodings).
+DEB_PKGS := libnfs-utils tshark
+
+.PHONY: test venv deb-deps lint typecheck pytest bench clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+deb-deps:
+	@missing=""; \
+	command -v nfs-ls >/dev/null || missing="$$missing libnfs-utils"; \
+	command -v tshark >/dev/null || missing="$$missing tshark"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "warning: missing$$missing (not root, not installing); their tests will be skipped"; \
+	  fi; \
+	fi
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+pytest: venv deb-deps
+	$(PY) -m pytest -q
+
+test: venv deb-deps lint typecheck pytest
+
+bench: venv
+	$(PY) benchmarks/codec_bench.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
