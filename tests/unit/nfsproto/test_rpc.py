@@ -133,7 +133,7 @@ def test_call_golden_bytes() -> None:
         "00000003"
         "00000001"
         "00000001"
-        "00000014"  # AUTH_SYS, body length 20
+        "00000018"  # AUTH_SYS, body length 24
         "00000000"
         "00000001"
         "68000000"
