@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from gateway.backend.base import (
+    AccessDeniedError,
+    BackendError,
+    BackendUnavailable,
+    ObjectNotFound,
+)
 from nfsproto.nfs3 import NfsStat3
 
 
@@ -87,3 +93,14 @@ class Busy(GatewayError):
 
 class ServerFault(GatewayError):
     status = NfsStat3.NFS3ERR_SERVERFAULT
+
+
+def from_backend(e: BackendError) -> GatewayError:
+    """The one translation of backend failures (after the backend's own retries)."""
+    if isinstance(e, ObjectNotFound):
+        return StaleHandle(str(e))
+    if isinstance(e, AccessDeniedError):
+        return AccessDenied(str(e))
+    if isinstance(e, BackendUnavailable):
+        return Busy(str(e))
+    return IoError(str(e))

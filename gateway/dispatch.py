@@ -1,0 +1,208 @@
+"""(program, version, procedure) -> handler; the one place where outcomes become replies.
+
+Owns: decoding the call header and arguments, authentication flavours, the RPC-level errors of
+RFC 5531 (PROG_UNAVAIL, PROG_MISMATCH, PROC_UNAVAIL, GARBAGE_ARGS, SYSTEM_ERR, RPC_MISMATCH,
+AUTH_ERROR) and the mapping ``GatewayError`` -> its NFS status with the procedure's failure
+body (STYLE §3). Anything else a handler raises becomes NFS3ERR_SERVERFAULT, logged and
+counted. ``CancelledError`` is never caught here. Must not: build wire bytes by hand.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import structlog
+
+from gateway.backend.base import BackendError
+from gateway.errors import GatewayError, ServerFault, from_backend
+from gateway.transport import Peer
+from nfsproto import rpc
+from nfsproto.rpc import AcceptStat, AuthFlavor, AuthStat
+from nfsproto.xdr import Buffer, Reader, Writer, XdrError
+
+log = structlog.get_logger(__name__)
+
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+@dataclass(slots=True)
+class CallContext:
+    """Who is calling. ``uid``/``gid``/``gids`` are the raw AUTH_SYS values (AUTH_NONE maps to
+    nobody); export squashing is applied by the handlers' export check."""
+
+    xid: int
+    prog: int
+    vers: int
+    proc: int
+    peer: Peer
+    flavor: int
+    uid: int = 65534
+    gid: int = 65534
+    gids: tuple[int, ...] = ()
+    machinename: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Procedure(Generic[A, R]):
+    name: str
+    unpack_args: Callable[[Reader], A]
+    pack_res: Callable[[Writer, R], None]
+    handler: Callable[[CallContext, A], Awaitable[R]]
+    # Builds the procedure's failure body from the error (None: the procedure has no result,
+    # e.g. NULL; errors then become SYSTEM_ERR).
+    fail: Callable[[GatewayError, A], R] | None = None
+    # Procedures that accept any auth flavour (NULL: RPCSEC_GSS context set-up probes it).
+    any_auth: bool = False
+
+
+@dataclass(slots=True)
+class Program:
+    name: str
+    versions: dict[int, dict[int, Procedure[Any, Any]]] = field(default_factory=dict)
+
+    @property
+    def low(self) -> int:
+        return min(self.versions)
+
+    @property
+    def high(self) -> int:
+        return max(self.versions)
+
+
+class CallObserver:
+    """Counts calls; metrics subclasses it. Labels: program.procedure name and outcome."""
+
+    def call(self, proc: str, status: str, seconds: float) -> None:
+        pass
+
+    def rpc_error(self, kind: str) -> None:
+        pass
+
+
+class Dispatcher:
+    def __init__(self, observer: CallObserver | None = None) -> None:
+        self.programs: dict[int, Program] = {}
+        self.observer = observer or CallObserver()
+
+    def register(self, prog: int, name: str, vers: int,
+                 procs: dict[int, Procedure[Any, Any]]) -> None:
+        self.programs.setdefault(prog, Program(name)).versions[vers] = procs
+
+    async def handle(self, record: Buffer, peer: Peer) -> list[Buffer] | None:
+        r = Reader(record)
+        try:
+            hdr = rpc.unpack_call(r)
+        except rpc.RpcDecodeError as e:
+            return self._header_error(e, peer)
+        prog = self.programs.get(hdr.prog)
+        w = Writer()
+        if prog is None:
+            self.observer.rpc_error("prog_unavail")
+            rpc.pack_accepted_reply(w, hdr.xid, AcceptStat.PROG_UNAVAIL)
+            return w.buffers()
+        procs = prog.versions.get(hdr.vers)
+        if procs is None:
+            self.observer.rpc_error("prog_mismatch")
+            rpc.pack_prog_mismatch(w, hdr.xid, prog.low, prog.high)
+            return w.buffers()
+        proc = procs.get(hdr.proc)
+        if proc is None:
+            self.observer.rpc_error("proc_unavail")
+            rpc.pack_accepted_reply(w, hdr.xid, AcceptStat.PROC_UNAVAIL)
+            return w.buffers()
+        ctx = CallContext(hdr.xid, hdr.prog, hdr.vers, hdr.proc, peer, hdr.cred.flavor)
+        if hdr.cred.flavor == AuthFlavor.AUTH_SYS:
+            try:
+                a = rpc.unpack_auth_sys(hdr.cred.body)
+            except rpc.AuthError as e:
+                return self._auth_error(w, hdr.xid, e.stat, peer, str(e))
+            ctx.uid, ctx.gid, ctx.gids, ctx.machinename = a.uid, a.gid, tuple(a.gids), \
+                a.machinename
+        elif hdr.cred.flavor != AuthFlavor.AUTH_NONE and not proc.any_auth:
+            return self._auth_error(w, hdr.xid, AuthStat.AUTH_TOOWEAK, peer,
+                                    f"unsupported flavor {hdr.cred.flavor}")
+        if hdr.verf.flavor not in (AuthFlavor.AUTH_NONE, AuthFlavor.AUTH_SYS) and \
+                not proc.any_auth:
+            return self._auth_error(w, hdr.xid, AuthStat.AUTH_BADVERF, peer,
+                                    f"unsupported verifier flavor {hdr.verf.flavor}")
+        try:
+            args = proc.unpack_args(r)
+        except XdrError as e:
+            self.observer.rpc_error("garbage_args")
+            log.info("garbage_args", xid=hdr.xid, proc=f"{prog.name}.{proc.name}",
+                     client=peer.host, error=str(e))
+            rpc.pack_accepted_reply(w, hdr.xid, AcceptStat.GARBAGE_ARGS)
+            return w.buffers()
+        return await self._call(w, ctx, prog, proc, args)
+
+    async def _call(self, w: Writer, ctx: CallContext, prog: Program,
+                    proc: Procedure[Any, Any], args: Any) -> list[Buffer]:
+        name = f"{prog.name}.{proc.name}"
+        t0 = time.perf_counter()
+        status = "ok"
+        try:
+            try:
+                res = await proc.handler(ctx, args)
+            except BackendError as be:
+                raise from_backend(be) from be
+        except GatewayError as e:
+            status = e.status.name
+            if proc.fail is None:
+                return self._system_err(w, ctx, name, t0, e)
+            res = proc.fail(e, args)
+            if isinstance(e, ServerFault):
+                log.error("call_failed", xid=ctx.xid, proc=name, client=ctx.peer.host,
+                          error=str(e))
+        except Exception as e:  # noqa: BLE001 - the one mapping site: never crash a connection
+            log.exception("call_crashed", xid=ctx.xid, proc=name, client=ctx.peer.host)
+            if proc.fail is None:
+                return self._system_err(w, ctx, name, t0, e)
+            status = "NFS3ERR_SERVERFAULT"
+            res = proc.fail(ServerFault(str(e)), args)
+        else:
+            s = getattr(res, "status", None)
+            if s is not None and int(s) != 0:
+                status = s.name
+        rpc.pack_success_header(w, ctx.xid)
+        try:
+            proc.pack_res(w, res)
+        except XdrError as e:
+            log.error("reply_encode_failed", xid=ctx.xid, proc=name, error=str(e))
+            w = Writer()
+            return self._system_err(w, ctx, name, t0, e)
+        self.observer.call(name, status, time.perf_counter() - t0)
+        return w.buffers()
+
+    def _system_err(self, w: Writer, ctx: CallContext, name: str, t0: float,
+                    e: BaseException) -> list[Buffer]:
+        self.observer.call(name, "SYSTEM_ERR", time.perf_counter() - t0)
+        log.warning("system_err", xid=ctx.xid, proc=name, client=ctx.peer.host, error=str(e))
+        rpc.pack_accepted_reply(w, ctx.xid, AcceptStat.SYSTEM_ERR)
+        return w.buffers()
+
+    def _auth_error(self, w: Writer, xid: int, stat: AuthStat, peer: Peer,
+                    why: str) -> list[Buffer]:
+        self.observer.rpc_error("auth_error")
+        log.info("auth_rejected", xid=xid, client=peer.host, auth_stat=stat.name, error=why)
+        rpc.pack_auth_error(w, xid, stat)
+        return w.buffers()
+
+    def _header_error(self, e: rpc.RpcDecodeError, peer: Peer) -> list[Buffer] | None:
+        w = Writer()
+        if e.xid is None:
+            self.observer.rpc_error("dropped")
+            log.info("record_dropped", client=peer.host, error=str(e))
+            return None
+        if e.rpc_mismatch:
+            self.observer.rpc_error("rpc_mismatch")
+            rpc.pack_rpc_mismatch(w, e.xid)
+            return w.buffers()
+        if e.auth_stat is not None:
+            return self._auth_error(w, e.xid, e.auth_stat, peer, str(e))
+        self.observer.rpc_error("garbage_args")
+        rpc.pack_accepted_reply(w, e.xid, AcceptStat.GARBAGE_ARGS)
+        return w.buffers()

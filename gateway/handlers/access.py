@@ -1,0 +1,20 @@
+"""ACCESS (RFC 1813 §3.3.4): the allowed subset of the requested bits."""
+
+from __future__ import annotations
+
+from gateway.core import Gateway, creds, fattr
+from gateway.dispatch import CallContext
+from gateway.errors import GatewayError
+from gateway.handlers.common import access_bits
+from nfsproto.nfs3 import Access3Args, Access3Res, NfsStat3
+
+
+async def access3(gw: Gateway, ctx: CallContext, args: Access3Args) -> Access3Res:
+    export, entry = await gw.resolve(ctx, args.object)
+    uid, gid, gids = creds(ctx, export)
+    allowed = access_bits(export, entry, uid, gid, gids, args.access)
+    return Access3Res(NfsStat3.NFS3_OK, fattr(export, entry), allowed)
+
+
+def access3_fail(e: GatewayError, args: Access3Args) -> Access3Res:
+    return Access3Res(e.status)

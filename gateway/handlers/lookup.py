@@ -1,0 +1,39 @@
+"""LOOKUP (RFC 1813 §3.3.3): answered from the parent directory's prefetched listing; a miss in
+a completely listed directory costs no request."""
+
+from __future__ import annotations
+
+from gateway.core import Gateway, fattr
+from gateway.dispatch import CallContext
+from gateway.errors import GatewayError, NotDirectory
+from gateway.handlers.common import check_name
+from gateway.namespace.index import EntryKind
+from nfsproto.nfs3 import Lookup3Args, Lookup3Res, NfsStat3
+
+
+async def lookup3(gw: Gateway, ctx: CallContext, args: Lookup3Args) -> Lookup3Res:
+    export, d = await gw.resolve(ctx, args.what.dir)
+    dir_attr = fattr(export, d)
+    if d.kind != EntryKind.DIR:
+        return Lookup3Res(NfsStat3.NFS3ERR_NOTDIR, dir_attributes=dir_attr)
+    raw = args.what.name
+    try:
+        if raw in (b".", b".."):
+            name = raw.decode()
+        else:
+            name = check_name(raw)
+        child = await export.ns.lookup(d.path, name)
+    except NotDirectory:
+        return Lookup3Res(NfsStat3.NFS3ERR_NOTDIR, dir_attributes=dir_attr)
+    except GatewayError as e:
+        return Lookup3Res(e.status, dir_attributes=dir_attr)
+    return Lookup3Res(
+        NfsStat3.NFS3_OK,
+        object=gw.handle_for(export, child.path),
+        obj_attributes=fattr(export, child),
+        dir_attributes=dir_attr,
+    )
+
+
+def lookup3_fail(e: GatewayError, args: Lookup3Args) -> Lookup3Res:
+    return Lookup3Res(e.status)

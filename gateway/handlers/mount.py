@@ -1,0 +1,79 @@
+"""MOUNT v3 (RFC 1813 Appendix I): MNT hands out an export's root handle (or a subdirectory's),
+after the export's client check. DUMP/UMNT/UMNTALL keep an advisory, bounded mount list."""
+
+from __future__ import annotations
+
+from gateway.core import Export, Gateway, Mount
+from gateway.dispatch import CallContext
+from gateway.errors import GatewayError
+from gateway.namespace.index import EntryKind
+from nfsproto.mount3 import ExportNode, Mnt3Args, Mnt3Res, MountBody, MountStat3
+from nfsproto.rpc import AuthFlavor
+
+MAX_MOUNT_RECORDS = 4096
+_FLAVORS = [int(AuthFlavor.AUTH_SYS), int(AuthFlavor.AUTH_NONE)]
+
+
+def _find_export(gw: Gateway, path: str) -> tuple[Export, str] | None:
+    """Longest export path that is ``path`` or a parent of it -> (export, relative path)."""
+    best: tuple[Export, str] | None = None
+    for p, e in gw.by_path.items():
+        if path == p:
+            return e, ""
+        base = p.rstrip("/") + "/"
+        if path.startswith(base) and (best is None or len(p) > len(best[0].cfg.path)):
+            best = (e, path[len(base):].strip("/"))
+    return best
+
+
+async def mnt(gw: Gateway, ctx: CallContext, args: Mnt3Args) -> Mnt3Res:
+    try:
+        path = args.dirpath.decode("utf-8")
+    except UnicodeDecodeError:
+        return Mnt3Res(MountStat3.MNT3ERR_INVAL)
+    path = "/" + "/".join(c for c in path.split("/") if c)
+    found = _find_export(gw, path)
+    if found is None:
+        return Mnt3Res(MountStat3.MNT3ERR_NOENT)
+    export, rel = found
+    if not export.cfg.allows(ctx.peer.host) or (
+        export.cfg.secure_port and ctx.peer.port >= 1024
+    ):
+        return Mnt3Res(MountStat3.MNT3ERR_ACCES)
+    if rel:
+        try:
+            entry = await export.ns.getattr(rel)
+        except GatewayError:
+            return Mnt3Res(MountStat3.MNT3ERR_NOENT)
+        if entry.kind != EntryKind.DIR:
+            return Mnt3Res(MountStat3.MNT3ERR_NOTDIR)
+    m = Mount(ctx.peer.host, path)
+    if m not in gw.mounts:
+        if len(gw.mounts) >= MAX_MOUNT_RECORDS:
+            gw.mounts.pop(0)
+        gw.mounts.append(m)
+    return Mnt3Res(MountStat3.MNT3_OK, gw.handle_for(export, rel), list(_FLAVORS))
+
+
+async def dump(gw: Gateway, ctx: CallContext, args: None) -> list[MountBody]:
+    return [MountBody(m.host.encode()[:255], m.path.encode()) for m in gw.mounts]
+
+
+async def umnt(gw: Gateway, ctx: CallContext, args: Mnt3Args) -> None:
+    path = args.dirpath.decode("utf-8", "replace")
+    gw.mounts[:] = [m for m in gw.mounts if not (m.host == ctx.peer.host and m.path == path)]
+
+
+async def umntall(gw: Gateway, ctx: CallContext, args: None) -> None:
+    gw.mounts[:] = [m for m in gw.mounts if m.host != ctx.peer.host]
+
+
+def _groups(export: Export) -> list[bytes]:
+    nets = [str(n) for n in export.cfg.clients]
+    if nets and all(n in ("0.0.0.0/0", "::/0") for n in nets):
+        return [b"*"]
+    return [n.encode() for n in nets]
+
+
+async def export_list(gw: Gateway, ctx: CallContext, args: None) -> list[ExportNode]:
+    return [ExportNode(p.encode(), _groups(e)) for p, e in sorted(gw.by_path.items())]

@@ -1,0 +1,43 @@
+"""READ (RFC 1813 §3.3.6): served by the data layer (whole-object fetch for small files,
+aligned read-ahead for large ones), pinned to the version the attributes describe."""
+
+from __future__ import annotations
+
+from gateway.backend.base import PreconditionFailed
+from gateway.core import Export, Gateway, fattr
+from gateway.dispatch import CallContext
+from gateway.errors import GatewayError, NotFound, StaleHandle
+from gateway.namespace.index import Entry, EntryKind
+from nfsproto.nfs3 import NfsStat3, Read3Args, Read3Res
+from nfsproto.xdr import Buffer
+
+
+async def _read(gw: Gateway, export: Export, e: Entry, offset: int,
+                count: int) -> tuple[Buffer, bool]:
+    return await gw.reader.read(export.store, export.prefix + e.path, e.etag, e.size, offset,
+                                count)
+
+
+async def read3(gw: Gateway, ctx: CallContext, args: Read3Args) -> Read3Res:
+    export, entry = await gw.resolve(ctx, args.file)
+    if entry.kind == EntryKind.DIR:
+        return Read3Res(NfsStat3.NFS3ERR_ISDIR, file_attributes=fattr(export, entry))
+    if entry.kind != EntryKind.FILE:
+        return Read3Res(NfsStat3.NFS3ERR_INVAL, file_attributes=fattr(export, entry))
+    count = min(args.count, gw.config.rsize)
+    try:
+        data, eof = await _read(gw, export, entry, args.offset, count)
+    except PreconditionFailed:
+        # The object was replaced since it was listed: refresh its attributes and read the
+        # new version (never bytes of two versions).
+        export.ns.invalidate(entry.path, subtree=False)
+        try:
+            entry = await export.ns.getattr(entry.path)
+        except NotFound:
+            raise StaleHandle(entry.path) from None
+        data, eof = await _read(gw, export, entry, args.offset, count)
+    return Read3Res(NfsStat3.NFS3_OK, fattr(export, entry), len(data), eof, data)
+
+
+def read3_fail(e: GatewayError, args: Read3Args) -> Read3Res:
+    return Read3Res(e.status)

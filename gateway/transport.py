@@ -1,0 +1,203 @@
+"""One asyncio.Protocol per TCP connection: record framing, many calls in flight, replies out
+of order, bounded in-flight, honoured write back-pressure.
+
+Owns: bytes in, records to the dispatcher, reply buffers out. Must not: decode RPC or NFS (that
+is ``dispatch``'s), or buffer without bound: at ``max_inflight`` calls the connection stops
+reading; a record over ``max_record`` closes it (the stream cannot be resynchronised); a
+partial record that stalls for ``stall_timeout_s`` closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from nfsproto.rpc import RecordError, RecordReader, frame
+from nfsproto.xdr import Buffer
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True)
+class Peer:
+    host: str
+    port: int
+    local_port: int
+
+
+# record -> reply buffers (None: send nothing)
+CallHandler = Callable[[Buffer, Peer], Awaitable[list[Buffer] | None]]
+
+
+@dataclass(slots=True)
+class TransportLimits:
+    max_record: int = 4 * 1024 * 1024 + 64 * 1024
+    max_inflight: int = 64
+    stall_timeout_s: float = 60.0
+
+
+class ConnectionStats:
+    """Shared counters across connections (read by metrics)."""
+
+    __slots__ = ("bytes_in", "bytes_out", "closed", "inflight", "open", "opened", "oversized")
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.opened = 0
+        self.closed = 0
+        self.inflight = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.oversized = 0
+
+
+class RpcConnection(asyncio.Protocol):
+    def __init__(
+        self,
+        handler: CallHandler,
+        limits: TransportLimits,
+        stats: ConnectionStats,
+        connections: set[RpcConnection],
+    ) -> None:
+        self._handler = handler
+        self._limits = limits
+        self._stats = stats
+        self._connections = connections
+        self._reader = RecordReader(limits.max_record)
+        self._transport: asyncio.Transport | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._paused_reading = False
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._stall: asyncio.TimerHandle | None = None
+        self._closing = False
+        self.peer = Peer("?", 0, 0)
+        self.calls = 0
+
+    # ------------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        pn = transport.get_extra_info("peername") or ("?", 0)
+        sn = transport.get_extra_info("sockname") or ("?", 0)
+        self.peer = Peer(str(pn[0]), int(pn[1]), int(sn[1]))
+        self._connections.add(self)
+        self._stats.open += 1
+        self._stats.opened += 1
+        log.info("connection_opened", client=self.peer.host, client_port=self.peer.port,
+                 local_port=self.peer.local_port)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._connections.discard(self)
+        self._stats.open -= 1
+        self._stats.closed += 1
+        if self._stall is not None:
+            self._stall.cancel()
+        for t in self._tasks:
+            t.cancel()
+        self._can_write.set()
+        log.info("connection_closed", client=self.peer.host, client_port=self.peer.port,
+                 calls=self.calls, error=str(exc) if exc else None)
+
+    def data_received(self, data: bytes) -> None:
+        self._stats.bytes_in += len(data)
+        try:
+            records = self._reader.feed(data)
+        except RecordError as e:
+            self._stats.oversized += 1
+            log.warning("record_rejected", client=self.peer.host, error=str(e))
+            self.abort()
+            return
+        for rec in records:
+            self._start_call(rec)
+        self._arm_stall_timer()
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    # ------------------------------------------------------------------ calls
+
+    def _start_call(self, record: Buffer) -> None:
+        self.calls += 1
+        self._stats.inflight += 1
+        task = asyncio.get_running_loop().create_task(self._run_call(record))
+        self._tasks.add(task)
+        task.add_done_callback(self._call_done)
+        if len(self._tasks) >= self._limits.max_inflight and not self._paused_reading:
+            assert self._transport is not None
+            self._transport.pause_reading()
+            self._paused_reading = True
+
+    async def _run_call(self, record: Buffer) -> None:
+        reply = await self._handler(record, self.peer)
+        if reply is None or self._closing:
+            return
+        if not self._can_write.is_set():
+            await self._can_write.wait()
+        if self._closing or self._transport is None:
+            return
+        bufs = frame(reply)
+        for b in bufs:
+            self._stats.bytes_out += len(b)
+        self._transport.writelines(bufs)
+
+    def _call_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._stats.inflight -= 1
+        if not task.cancelled() and task.exception() is not None:
+            # dispatch maps every error to a reply; reaching here is a bug: close the connection
+            log.error("call_task_failed", client=self.peer.host, exc_info=task.exception())
+            self.abort()
+            return
+        if (
+            self._paused_reading
+            and not self._closing
+            and len(self._tasks) < self._limits.max_inflight
+            and self._transport is not None
+        ):
+            self._transport.resume_reading()
+            self._paused_reading = False
+
+    # ------------------------------------------------------------------ stalls and shutdown
+
+    def _arm_stall_timer(self) -> None:
+        if self._reader.pending_bytes() == 0:
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
+        elif self._stall is None:
+            self._stall = asyncio.get_running_loop().call_later(
+                self._limits.stall_timeout_s, self._stalled
+            )
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if self._reader.pending_bytes():
+            log.warning("record_stalled", client=self.peer.host,
+                        pending=self._reader.pending_bytes())
+            self.abort()
+
+    def abort(self) -> None:
+        self._closing = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    def close(self) -> None:
+        """Graceful: stop reading, let in-flight calls finish, then close."""
+        if self._transport is not None and not self._closing:
+            self._transport.pause_reading()
+            self._paused_reading = True
+
+    async def drain(self) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
+        if self._transport is not None:
+            self._transport.close()
