@@ -212,41 +212,23 @@ class RecordReader:
     ``feed(data)`` returns the records completed by ``data``. A record (all of its fragments)
     larger than ``max_record`` raises ``RecordError`` as soon as its header says so, before
     the bytes arrive; the stream cannot be resynchronised after that, so the caller closes
-    the connection. A record that arrives whole inside one ``feed`` is returned as a
-    memoryview of ``data`` (no copy)."""
+    the connection. A single-fragment record that arrives whole inside one ``feed`` is
+    returned as a memoryview of ``data`` (no copy); otherwise each fragment is copied once,
+    into a buffer of the size its header declared."""
 
-    __slots__ = ("max_record", "_buf", "_frags", "_frag_total")
+    __slots__ = ("_cur", "_filled", "_frag_total", "_frags", "_hdr", "_last", "max_record")
 
     def __init__(self, max_record: int = DEFAULT_MAX_RECORD) -> None:
         self.max_record = max_record
-        self._buf = bytearray()  # unparsed stream bytes
-        self._frags: list[bytes] = []  # completed non-last fragments of the current record
+        self._hdr = bytearray()  # a record mark split across feeds
+        self._cur: bytearray | None = None  # the fragment being filled
+        self._filled = 0
+        self._last = False
+        self._frags: list[bytearray] = []  # completed non-last fragments of this record
         self._frag_total = 0
 
     def pending_bytes(self) -> int:
-        return len(self._buf) + self._frag_total
-
-    def feed(self, data: Buffer) -> list[Buffer]:
-        out: list[Buffer] = []
-        if not self._buf and not self._frags:
-            # Fast path: whole records straight out of ``data``.
-            mv = data if isinstance(data, memoryview) else memoryview(data)
-            pos, n = 0, len(mv)
-            while n - pos >= 4:
-                (hdr,) = U32.unpack_from(mv, pos)
-                ln = hdr & 0x7FFFFFFF
-                self._check(ln)
-                if not hdr & LAST_FRAGMENT or n - pos - 4 < ln:
-                    break
-                out.append(mv[pos + 4 : pos + 4 + ln])
-                pos += 4 + ln
-            if pos == n:
-                return out
-            # The rest is a partial or multi-fragment record: copy it and go the slow way.
-            self._buf += mv[pos:]
-            return self._drain(out)
-        self._buf += data
-        return self._drain(out)
+        return len(self._hdr) + self._filled + self._frag_total
 
     def _check(self, ln: int) -> None:
         if self._frag_total + ln > self.max_record:
@@ -255,29 +237,59 @@ class RecordReader:
                 f"of {self.max_record}"
             )
 
-    def _drain(self, out: list[Buffer]) -> list[Buffer]:
-        buf = self._buf
-        pos, n = 0, len(buf)
-        while n - pos >= 4:
-            (hdr,) = U32.unpack_from(buf, pos)
-            ln = hdr & 0x7FFFFFFF
-            self._check(ln)
-            if n - pos - 4 < ln:
-                break
-            frag = bytes(buf[pos + 4 : pos + 4 + ln])
-            pos += 4 + ln
-            if hdr & LAST_FRAGMENT:
-                if self._frags:
-                    self._frags.append(frag)
-                    out.append(b"".join(self._frags))
-                    self._frags.clear()
-                    self._frag_total = 0
+    def _fragment_done(self, out: list[Buffer]) -> None:
+        cur = self._cur
+        assert cur is not None
+        self._cur = None
+        self._filled = 0
+        if not self._last:
+            self._frags.append(cur)
+            self._frag_total += len(cur)
+        elif self._frags:
+            self._frags.append(cur)
+            out.append(b"".join(self._frags))
+            self._frags.clear()
+            self._frag_total = 0
+        else:
+            out.append(cur)
+
+    def feed(self, data: Buffer) -> list[Buffer]:
+        mv = data if isinstance(data, memoryview) else memoryview(data)
+        out: list[Buffer] = []
+        pos, n = 0, len(mv)
+        while pos < n:
+            if self._cur is None:
+                if not self._hdr and n - pos >= 4:
+                    (hdr,) = U32.unpack_from(mv, pos)
+                    pos += 4
                 else:
-                    out.append(frag)
-            else:
-                self._frags.append(frag)
-                self._frag_total += ln
-        del buf[:pos]
+                    take = min(4 - len(self._hdr), n - pos)
+                    self._hdr += mv[pos : pos + take]
+                    pos += take
+                    if len(self._hdr) < 4:
+                        break
+                    (hdr,) = U32.unpack_from(self._hdr, 0)
+                    self._hdr.clear()
+                ln = hdr & 0x7FFFFFFF
+                self._check(ln)
+                last = bool(hdr & LAST_FRAGMENT)
+                if last and not self._frags and n - pos >= ln:
+                    out.append(mv[pos : pos + ln])  # whole record in this segment: no copy
+                    pos += ln
+                    continue
+                self._cur = bytearray(ln)
+                self._filled = 0
+                self._last = last
+                if ln == 0:
+                    self._fragment_done(out)
+                    continue
+            cur = self._cur
+            take = min(len(cur) - self._filled, n - pos)
+            cur[self._filled : self._filled + take] = mv[pos : pos + take]
+            self._filled += take
+            pos += take
+            if self._filled == len(cur):
+                self._fragment_done(out)
         return out
 
 

@@ -100,13 +100,31 @@ class PcapWriter:
 FH = bytes.fromhex("01") + b"\x00\x07" + bytes(range(3, 40))
 FH2 = bytes.fromhex("01") + b"\x00\x07" + bytes(range(50, 70))
 T = NfsTime3(1_700_000_000, 123_456_789)
-ATTR = Fattr3(Ftype3.NF3REG, 0o644, 1, 1000, 1000, 114_660, 118_784, Specdata3(0, 0), 7,
-              0x1234_5678_9ABC, T, T, T)
+ATTR = Fattr3(
+    Ftype3.NF3REG,
+    0o644,
+    1,
+    1000,
+    1000,
+    114_660,
+    118_784,
+    Specdata3(0, 0),
+    7,
+    0x1234_5678_9ABC,
+    T,
+    T,
+    T,
+)
 DATTR = Fattr3(Ftype3.NF3DIR, 0o755, 2, 0, 0, 4096, 4096, Specdata3(0, 0), 7, 42, T, T, T)
 WCC = WccData(WccAttr(4096, T, T), DATTR)
-SATTR = Sattr3(mode=0o600, uid=1000, gid=None, size=0,
-               atime=SetTime(TimeHow.SET_TO_SERVER_TIME),
-               mtime=SetTime(TimeHow.SET_TO_CLIENT_TIME, T))
+SATTR = Sattr3(
+    mode=0o600,
+    uid=1000,
+    gid=None,
+    size=0,
+    atime=SetTime(TimeHow.SET_TO_SERVER_TIME),
+    mtime=SetTime(TimeHow.SET_TO_CLIENT_TIME, T),
+)
 WHERE = Diropargs3(FH, b"n01440764_10026.JPEG")
 OK = NfsStat3.NFS3_OK
 VERF = b"\x01\x02\x03\x04\x05\x06\x07\x08"
@@ -114,47 +132,86 @@ VERF = b"\x01\x02\x03\x04\x05\x06\x07\x08"
 NFS_SAMPLES: dict[Nfs3Proc, tuple[Any, Any]] = {
     Nfs3Proc.NULL: (None, None),
     Nfs3Proc.GETATTR: (nfs3.Getattr3Args(FH), nfs3.Getattr3Res(OK, ATTR)),
-    Nfs3Proc.SETATTR: (nfs3.Setattr3Args(FH, SATTR, T),
-                       nfs3.Setattr3Res(OK, WccData(WccAttr(1, T, T), ATTR))),
+    Nfs3Proc.SETATTR: (
+        nfs3.Setattr3Args(FH, SATTR, T),
+        nfs3.Setattr3Res(OK, WccData(WccAttr(1, T, T), ATTR)),
+    ),
     Nfs3Proc.LOOKUP: (nfs3.Lookup3Args(WHERE), nfs3.Lookup3Res(OK, FH2, ATTR, DATTR)),
     Nfs3Proc.ACCESS: (nfs3.Access3Args(FH, 0x3F), nfs3.Access3Res(OK, ATTR, 0x01)),
     Nfs3Proc.READLINK: (nfs3.Readlink3Args(FH), nfs3.Readlink3Res(OK, ATTR, b"../target")),
-    Nfs3Proc.READ: (nfs3.Read3Args(FH, 4096, 8192),
-                    nfs3.Read3Res(OK, ATTR, 13, True, b"hello, world!")),
-    Nfs3Proc.WRITE: (nfs3.Write3Args(FH, 0, 5, StableHow.FILE_SYNC, b"abcde"),
-                     nfs3.Write3Res(OK, WccData(None, ATTR), 5, StableHow.FILE_SYNC, VERF)),
-    Nfs3Proc.CREATE: (nfs3.Create3Args(WHERE, CreateHow3(CreateMode3.GUARDED, SATTR)),
-                      nfs3.Create3Res(OK, FH2, ATTR, WCC)),
-    Nfs3Proc.MKDIR: (nfs3.Mkdir3Args(WHERE, Sattr3(mode=0o755)),
-                     nfs3.Mkdir3Res(OK, FH2, DATTR, WCC)),
-    Nfs3Proc.SYMLINK: (nfs3.Symlink3Args(WHERE, nfs3.Symlinkdata3(Sattr3(), b"/a/b")),
-                       nfs3.Symlink3Res(OK, FH2, ATTR, WCC)),
-    Nfs3Proc.MKNOD: (nfs3.Mknod3Args(WHERE, nfs3.Mknoddata3(Ftype3.NF3FIFO, Sattr3())),
-                     nfs3.Mknod3Res(NfsStat3.NFS3ERR_NOTSUPP, dir_wcc=WCC)),
+    Nfs3Proc.READ: (
+        nfs3.Read3Args(FH, 4096, 8192),
+        nfs3.Read3Res(OK, ATTR, 13, True, b"hello, world!"),
+    ),
+    Nfs3Proc.WRITE: (
+        nfs3.Write3Args(FH, 0, 5, StableHow.FILE_SYNC, b"abcde"),
+        nfs3.Write3Res(OK, WccData(None, ATTR), 5, StableHow.FILE_SYNC, VERF),
+    ),
+    Nfs3Proc.CREATE: (
+        nfs3.Create3Args(WHERE, CreateHow3(CreateMode3.GUARDED, SATTR)),
+        nfs3.Create3Res(OK, FH2, ATTR, WCC),
+    ),
+    Nfs3Proc.MKDIR: (
+        nfs3.Mkdir3Args(WHERE, Sattr3(mode=0o755)),
+        nfs3.Mkdir3Res(OK, FH2, DATTR, WCC),
+    ),
+    Nfs3Proc.SYMLINK: (
+        nfs3.Symlink3Args(WHERE, nfs3.Symlinkdata3(Sattr3(), b"/a/b")),
+        nfs3.Symlink3Res(OK, FH2, ATTR, WCC),
+    ),
+    Nfs3Proc.MKNOD: (
+        nfs3.Mknod3Args(WHERE, nfs3.Mknoddata3(Ftype3.NF3FIFO, Sattr3())),
+        nfs3.Mknod3Res(NfsStat3.NFS3ERR_NOTSUPP, dir_wcc=WCC),
+    ),
     Nfs3Proc.REMOVE: (nfs3.Remove3Args(WHERE), nfs3.Remove3Res(OK, WCC)),
     Nfs3Proc.RMDIR: (nfs3.Rmdir3Args(WHERE), nfs3.Rmdir3Res(NfsStat3.NFS3ERR_NOTEMPTY, WCC)),
-    Nfs3Proc.RENAME: (nfs3.Rename3Args(WHERE, Diropargs3(FH2, b"new name")),
-                      nfs3.Rename3Res(OK, WCC, WCC)),
-    Nfs3Proc.LINK: (nfs3.Link3Args(FH, WHERE),
-                    nfs3.Link3Res(NfsStat3.NFS3ERR_NOTSUPP, ATTR, WCC)),
+    Nfs3Proc.RENAME: (
+        nfs3.Rename3Args(WHERE, Diropargs3(FH2, b"new name")),
+        nfs3.Rename3Res(OK, WCC, WCC),
+    ),
+    Nfs3Proc.LINK: (nfs3.Link3Args(FH, WHERE), nfs3.Link3Res(NfsStat3.NFS3ERR_NOTSUPP, ATTR, WCC)),
     Nfs3Proc.READDIR: (
         nfs3.Readdir3Args(FH, 0, bytes(8), 8192),
-        nfs3.Readdir3Res(OK, DATTR, VERF, [nfs3.Entry3(i + 10, b"f%d.jpg" % i, i + 1)
-                                           for i in range(3)], True),
+        nfs3.Readdir3Res(
+            OK, DATTR, VERF, [nfs3.Entry3(i + 10, b"f%d.jpg" % i, i + 1) for i in range(3)], True
+        ),
     ),
     Nfs3Proc.READDIRPLUS: (
         nfs3.Readdirplus3Args(FH, 0, bytes(8), 4096, 32768),
-        nfs3.Readdirplus3Res(OK, DATTR, VERF, [
-            nfs3.Entryplus3(i + 10, b"f%d.jpg" % i, i + 1, ATTR, FH2) for i in range(3)
-        ] + [nfs3.Entryplus3(99, b"noattrs", 9, None, None)], False),
+        nfs3.Readdirplus3Res(
+            OK,
+            DATTR,
+            VERF,
+            [nfs3.Entryplus3(i + 10, b"f%d.jpg" % i, i + 1, ATTR, FH2) for i in range(3)]
+            + [nfs3.Entryplus3(99, b"noattrs", 9, None, None)],
+            False,
+        ),
     ),
-    Nfs3Proc.FSSTAT: (nfs3.Fsstat3Args(FH),
-                      nfs3.Fsstat3Res(OK, DATTR, 1 << 50, 1 << 49, 1 << 49, 10, 5, 5, 0)),
-    Nfs3Proc.FSINFO: (nfs3.Fsinfo3Args(FH),
-                      nfs3.Fsinfo3Res(OK, DATTR, 1 << 20, 1 << 20, 4096, 1 << 20, 1 << 20,
-                                      4096, 65536, 5 << 40, NfsTime3(0, 1), 0x1A)),
-    Nfs3Proc.PATHCONF: (nfs3.Pathconf3Args(FH),
-                        nfs3.Pathconf3Res(OK, ATTR, 1, 255, True, True, False, True)),
+    Nfs3Proc.FSSTAT: (
+        nfs3.Fsstat3Args(FH),
+        nfs3.Fsstat3Res(OK, DATTR, 1 << 50, 1 << 49, 1 << 49, 10, 5, 5, 0),
+    ),
+    Nfs3Proc.FSINFO: (
+        nfs3.Fsinfo3Args(FH),
+        nfs3.Fsinfo3Res(
+            OK,
+            DATTR,
+            1 << 20,
+            1 << 20,
+            4096,
+            1 << 20,
+            1 << 20,
+            4096,
+            65536,
+            5 << 40,
+            NfsTime3(0, 1),
+            0x1A,
+        ),
+    ),
+    Nfs3Proc.PATHCONF: (
+        nfs3.Pathconf3Args(FH),
+        nfs3.Pathconf3Res(OK, ATTR, 1, 255, True, True, False, True),
+    ),
     Nfs3Proc.COMMIT: (nfs3.Commit3Args(FH, 0, 0), nfs3.Commit3Res(OK, WCC, VERF)),
 }
 
@@ -167,16 +224,26 @@ Packer = Callable[[Writer, Any], None]
 
 MOUNT_SAMPLES: dict[int, tuple[Packer, Any, Packer, Any]] = {
     mount3.MountProc.NULL: (_void, None, _void, None),
-    mount3.MountProc.MNT: (mount3.pack_mnt3args, mount3.Mnt3Args(b"/data"),
-                           mount3.pack_mnt3res, mount3.Mnt3Res(mount3.MountStat3.MNT3_OK, FH,
-                                                               [1, 0])),
-    mount3.MountProc.DUMP: (_void, None, mount3.pack_mountlist,
-                            [mount3.MountBody(b"client1", b"/data")]),
+    mount3.MountProc.MNT: (
+        mount3.pack_mnt3args,
+        mount3.Mnt3Args(b"/data"),
+        mount3.pack_mnt3res,
+        mount3.Mnt3Res(mount3.MountStat3.MNT3_OK, FH, [1, 0]),
+    ),
+    mount3.MountProc.DUMP: (
+        _void,
+        None,
+        mount3.pack_mountlist,
+        [mount3.MountBody(b"client1", b"/data")],
+    ),
     mount3.MountProc.UMNT: (mount3.pack_mnt3args, mount3.Mnt3Args(b"/data"), _void, None),
     mount3.MountProc.UMNTALL: (_void, None, _void, None),
-    mount3.MountProc.EXPORT: (_void, None, mount3.pack_exports,
-                              [mount3.ExportNode(b"/data", [b"10.0.0.0/8"]),
-                               mount3.ExportNode(b"/other", [])]),
+    mount3.MountProc.EXPORT: (
+        _void,
+        None,
+        mount3.pack_exports,
+        [mount3.ExportNode(b"/data", [b"10.0.0.0/8"]), mount3.ExportNode(b"/other", [])],
+    ),
 }
 
 MAP = portmap.Mapping(nfs3.PROGRAM, 3, portmap.IPPROTO_TCP, 0)
@@ -185,10 +252,18 @@ PMAP_SAMPLES: dict[int, tuple[Packer, Any, Packer, Any]] = {
     portmap.PmapProc.SET: (portmap.pack_mapping, MAP, portmap.pack_bool, False),
     portmap.PmapProc.UNSET: (portmap.pack_mapping, MAP, portmap.pack_bool, True),
     portmap.PmapProc.GETPORT: (portmap.pack_mapping, MAP, portmap.pack_port, 2049),
-    portmap.PmapProc.DUMP: (_void, None, portmap.pack_pmaplist,
-                            [portmap.Mapping(100000, 2, 6, 111), MAP]),
-    portmap.PmapProc.CALLIT: (portmap.pack_call_args, portmap.CallArgs(100003, 3, 0, b""),
-                              portmap.pack_call_result, portmap.CallResult(2049, b"")),
+    portmap.PmapProc.DUMP: (
+        _void,
+        None,
+        portmap.pack_pmaplist,
+        [portmap.Mapping(100000, 2, 6, 111), MAP],
+    ),
+    portmap.PmapProc.CALLIT: (
+        portmap.pack_call_args,
+        portmap.CallArgs(100003, 3, 0, b""),
+        portmap.pack_call_result,
+        portmap.CallResult(2049, b""),
+    ),
 }
 
 
@@ -207,8 +282,7 @@ def _conversation(
     for i, (proc, (pa, a, pr, res)) in enumerate(samples.items()):
         xid = 0x1000 + i
 
-        def call(w: Writer, xid: int = xid, proc: int = proc, pa: Packer = pa,
-                 a: Any = a) -> None:
+        def call(w: Writer, xid: int = xid, proc: int = proc, pa: Packer = pa, a: Any = a) -> None:
             rpc.pack_call(w, xid, prog, vers, proc, rpc.auth_sys(1000, 1000, [1000], b"node1"))
             pa(w, a)
 
@@ -223,13 +297,36 @@ def _conversation(
 
 def _tshark(pcap: Path, proc_field: str, port: int) -> dict[int, dict[str, str]]:
     assert TSHARK is not None
-    fields = ["frame.number", "rpc.msgtyp", proc_field, "_ws.malformed", "_ws.expert.severity",
-              "_ws.expert.message"]
+    fields = [
+        "frame.number",
+        "rpc.msgtyp",
+        proc_field,
+        "_ws.malformed",
+        "_ws.expert.severity",
+        "_ws.expert.message",
+    ]
     out = subprocess.run(
-        [TSHARK, "-n", "-r", str(pcap), "-d", f"tcp.port=={port},rpc",
-         "-o", "tcp.check_checksum:TRUE", "-T", "fields", "-E", "separator=|",
-         "-E", "occurrence=a", *sum((["-e", f] for f in fields), [])],
-        capture_output=True, text=True, timeout=120, check=True,
+        [
+            TSHARK,
+            "-n",
+            "-r",
+            str(pcap),
+            "-d",
+            f"tcp.port=={port},rpc",
+            "-o",
+            "tcp.check_checksum:TRUE",
+            "-T",
+            "fields",
+            "-E",
+            "separator=|",
+            "-E",
+            "occurrence=a",
+            *sum((["-e", f] for f in fields), []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     rows: dict[int, dict[str, str]] = {}
     for line in out.splitlines():
@@ -238,8 +335,14 @@ def _tshark(pcap: Path, proc_field: str, port: int) -> dict[int, dict[str, str]]
     return rows
 
 
-def _check(pc: PcapWriter, expect: dict[int, tuple[str, int]], proc_field: str, port: int,
-           tmp_path: Path, name: str) -> None:
+def _check(
+    pc: PcapWriter,
+    expect: dict[int, tuple[str, int]],
+    proc_field: str,
+    port: int,
+    tmp_path: Path,
+    name: str,
+) -> None:
     pcap = tmp_path / f"{name}.pcap"
     pc.write(pcap)
     rows = _tshark(pcap, proc_field, port)
@@ -256,13 +359,16 @@ def _check(pc: PcapWriter, expect: dict[int, tuple[str, int]], proc_field: str, 
         if row["_ws.malformed"]:
             problems.append(f"frame {frame} ({kind} {proc}): Malformed")
         if row["_ws.expert.severity"]:
-            problems.append(f"frame {frame} ({kind} {proc}): expert "
-                            f"{row['_ws.expert.severity']} {row['_ws.expert.message']}")
+            problems.append(
+                f"frame {frame} ({kind} {proc}): expert "
+                f"{row['_ws.expert.severity']} {row['_ws.expert.message']}"
+            )
     assert not problems, "\n".join(problems)
 
 
-needs_tshark = pytest.mark.skipif(TSHARK is None, reason="tshark not installed (make test "
-                                  "installs it when run as root)")
+needs_tshark = pytest.mark.skipif(
+    TSHARK is None, reason="tshark not installed (make test installs it when run as root)"
+)
 
 
 @needs_tshark
