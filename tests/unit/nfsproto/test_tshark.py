@@ -321,7 +321,7 @@ def _tshark(pcap: Path, proc_field: str, port: int) -> dict[int, dict[str, str]]
             "separator=|",
             "-E",
             "occurrence=a",
-            *sum((["-e", f] for f in fields), []),
+            *[a for f in fields for a in ("-e", f)],
         ],
         capture_output=True,
         text=True,
