@@ -11,6 +11,7 @@ import contextlib
 import errno
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -18,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import pmap_client
-from gateway.backend import open_store
+from gateway.backend import open_store, parse_store_url
 from gateway.clock import Clock, SystemClock
 from gateway.config import ServerConfig
 from gateway.core import Export, Gateway, export_id_for
@@ -71,7 +72,16 @@ class Server:
         self.metrics.add_stats("conn", self.conn_stats)
         per_export_meta = max(1 << 20, c.metadata_memory // max(1, len(c.exports)))
         for ec in c.exports:
-            store, prefix = open_store(ec.backend, c.s3, observer=self.metrics.backend_request)
+            store = open_store(
+                ec.backend,
+                observer=self.metrics.backend_request,
+                endpoint_url=c.s3.endpoint_url,
+                region=c.s3.region,
+                addressing_style=c.s3.addressing_style,
+                profile=c.s3.profile,
+                max_connections=c.s3.max_connections,
+            )
+            prefix = parse_store_url(ec.backend).prefix
             ns_stats = NamespaceStats()
             ns = Namespace(
                 store,
@@ -81,7 +91,6 @@ class Server:
                     attr_ttl_s=ec.attr_ttl_s,
                     immutable=ec.immutable,
                     memory_bytes=per_export_meta,
-                    prefetch=c.prefetch,
                 ),
                 stats=ns_stats,
             )
@@ -110,11 +119,10 @@ class Server:
                  portmap_port=self.portmap_port or None, metrics_port=self.metrics_port or None,
                  exports=[e.path for e in c.exports], cache_memory=c.cache_memory)
 
-    async def _start_portmap(self, factory: object, port: int) -> None:
+    async def _start_portmap(self, factory: Callable[[], RpcConnection], port: int) -> None:
         loop = asyncio.get_running_loop()
         try:
-            srv = await loop.create_server(factory, self.config.listen, port,  # type: ignore[arg-type]
-                                           reuse_address=True)
+            srv = await loop.create_server(factory, self.config.listen, port, reuse_address=True)
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import cast
 
 import structlog
 
@@ -80,8 +81,7 @@ class RpcConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         pn = transport.get_extra_info("peername") or ("?", 0)
         sn = transport.get_extra_info("sockname") or ("?", 0)
         self.peer = Peer(str(pn[0]), int(pn[1]), int(sn[1]))
