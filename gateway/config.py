@@ -65,8 +65,10 @@ class ExportConfig:
     secure_port: bool = False
 
     def __post_init__(self) -> None:
-        if not self.path.startswith("/") or "//" in self.path or (
-            self.path != "/" and self.path.endswith("/")
+        if (
+            not self.path.startswith("/")
+            or "//" in self.path
+            or (self.path != "/" and self.path.endswith("/"))
         ):
             raise ConfigError(f"export path {self.path!r} must be absolute, like /data")
         if not re.match(r"^(s3://[^/]+(/.*)?|file:///.+)$", self.backend):
@@ -134,5 +136,5 @@ class ServerConfig:
             seen.add(e.path)
         if not self.exports:
             raise ConfigError("no exports: give at least one --export /PATH=s3://BUCKET/PREFIX")
-        if not 0 < self.port < 65536:
+        if not 0 <= self.port < 65536:  # 0: any free port
             raise ConfigError(f"port {self.port} out of range")

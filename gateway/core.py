@@ -21,8 +21,11 @@ from gateway.namespace.handles import HandleCodec, fileid
 from gateway.namespace.index import Entry, EntryKind, Namespace
 from nfsproto.nfs3 import Fattr3, Ftype3, NfsTime3, Specdata3
 
-_FTYPE = {EntryKind.FILE: Ftype3.NF3REG, EntryKind.DIR: Ftype3.NF3DIR,
-          EntryKind.SYMLINK: Ftype3.NF3LNK}
+_FTYPE = {
+    EntryKind.FILE: Ftype3.NF3REG,
+    EntryKind.DIR: Ftype3.NF3DIR,
+    EntryKind.SYMLINK: Ftype3.NF3LNK,
+}
 _TYPE_BITS = {EntryKind.FILE: 0o100000, EntryKind.DIR: 0o040000, EntryKind.SYMLINK: 0o120000}
 
 

@@ -88,8 +88,9 @@ class Dispatcher:
         self.programs: dict[int, Program] = {}
         self.observer = observer or CallObserver()
 
-    def register(self, prog: int, name: str, vers: int,
-                 procs: dict[int, Procedure[Any, Any]]) -> None:
+    def register(
+        self, prog: int, name: str, vers: int, procs: dict[int, Procedure[Any, Any]]
+    ) -> None:
         self.programs.setdefault(prog, Program(name)).versions[vers] = procs
 
     async def handle(self, record: Buffer, peer: Peer) -> list[Buffer] | None:
@@ -120,27 +121,37 @@ class Dispatcher:
                 a = rpc.unpack_auth_sys(hdr.cred.body)
             except rpc.AuthError as e:
                 return self._auth_error(w, hdr.xid, e.stat, peer, str(e))
-            ctx.uid, ctx.gid, ctx.gids, ctx.machinename = a.uid, a.gid, tuple(a.gids), \
-                a.machinename
+            ctx.uid, ctx.gid, ctx.gids, ctx.machinename = a.uid, a.gid, tuple(a.gids), a.machinename
         elif hdr.cred.flavor != AuthFlavor.AUTH_NONE and not proc.any_auth:
-            return self._auth_error(w, hdr.xid, AuthStat.AUTH_TOOWEAK, peer,
-                                    f"unsupported flavor {hdr.cred.flavor}")
-        if hdr.verf.flavor not in (AuthFlavor.AUTH_NONE, AuthFlavor.AUTH_SYS) and \
-                not proc.any_auth:
-            return self._auth_error(w, hdr.xid, AuthStat.AUTH_BADVERF, peer,
-                                    f"unsupported verifier flavor {hdr.verf.flavor}")
+            return self._auth_error(
+                w, hdr.xid, AuthStat.AUTH_TOOWEAK, peer, f"unsupported flavor {hdr.cred.flavor}"
+            )
+        if hdr.verf.flavor not in (AuthFlavor.AUTH_NONE, AuthFlavor.AUTH_SYS) and not proc.any_auth:
+            return self._auth_error(
+                w,
+                hdr.xid,
+                AuthStat.AUTH_BADVERF,
+                peer,
+                f"unsupported verifier flavor {hdr.verf.flavor}",
+            )
         try:
             args = proc.unpack_args(r)
         except XdrError as e:
             self.observer.rpc_error("garbage_args")
-            log.info("garbage_args", xid=hdr.xid, proc=f"{prog.name}.{proc.name}",
-                     client=peer.host, error=str(e))
+            log.info(
+                "garbage_args",
+                xid=hdr.xid,
+                proc=f"{prog.name}.{proc.name}",
+                client=peer.host,
+                error=str(e),
+            )
             rpc.pack_accepted_reply(w, hdr.xid, AcceptStat.GARBAGE_ARGS)
             return w.buffers()
         return await self._call(w, ctx, prog, proc, args)
 
-    async def _call(self, w: Writer, ctx: CallContext, prog: Program,
-                    proc: Procedure[Any, Any], args: Any) -> list[Buffer]:
+    async def _call(
+        self, w: Writer, ctx: CallContext, prog: Program, proc: Procedure[Any, Any], args: Any
+    ) -> list[Buffer]:
         name = f"{prog.name}.{proc.name}"
         t0 = time.perf_counter()
         status = "ok"
@@ -155,9 +166,8 @@ class Dispatcher:
                 return self._system_err(w, ctx, name, t0, e)
             res = proc.fail(e, args)
             if isinstance(e, ServerFault):
-                log.error("call_failed", xid=ctx.xid, proc=name, client=ctx.peer.host,
-                          error=str(e))
-        except Exception as e:  # noqa: BLE001 - the one mapping site: never crash a connection
+                log.error("call_failed", xid=ctx.xid, proc=name, client=ctx.peer.host, error=str(e))
+        except Exception as e:
             log.exception("call_crashed", xid=ctx.xid, proc=name, client=ctx.peer.host)
             if proc.fail is None:
                 return self._system_err(w, ctx, name, t0, e)
@@ -177,15 +187,17 @@ class Dispatcher:
         self.observer.call(name, status, time.perf_counter() - t0)
         return w.buffers()
 
-    def _system_err(self, w: Writer, ctx: CallContext, name: str, t0: float,
-                    e: BaseException) -> list[Buffer]:
+    def _system_err(
+        self, w: Writer, ctx: CallContext, name: str, t0: float, e: BaseException
+    ) -> list[Buffer]:
         self.observer.call(name, "SYSTEM_ERR", time.perf_counter() - t0)
         log.warning("system_err", xid=ctx.xid, proc=name, client=ctx.peer.host, error=str(e))
         rpc.pack_accepted_reply(w, ctx.xid, AcceptStat.SYSTEM_ERR)
         return w.buffers()
 
-    def _auth_error(self, w: Writer, xid: int, stat: AuthStat, peer: Peer,
-                    why: str) -> list[Buffer]:
+    def _auth_error(
+        self, w: Writer, xid: int, stat: AuthStat, peer: Peer, why: str
+    ) -> list[Buffer]:
         self.observer.rpc_error("auth_error")
         log.info("auth_rejected", xid=xid, client=peer.host, auth_stat=stat.name, error=why)
         rpc.pack_auth_error(w, xid, stat)

@@ -34,9 +34,10 @@ def configure(level: str = "info", json: bool | None = None) -> None:
     # botocore/aiohttp records through the standard library, rendered the same way.
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(processors=[
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-            foreign_pre_chain=shared)
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=shared,
+        )
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

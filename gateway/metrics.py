@@ -23,8 +23,22 @@ from gateway.dispatch import CallObserver
 
 # 50 µs .. 5 s: cached GETATTRs are tens of µs, cold backend fetches tens of ms.
 LATENCY_BUCKETS = (
-    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3,
-    500e-3, 1.0, 2.5, 5.0,
+    50e-6,
+    100e-6,
+    250e-6,
+    500e-6,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    10e-3,
+    25e-3,
+    50e-3,
+    100e-3,
+    250e-3,
+    500e-3,
+    1.0,
+    2.5,
+    5.0,
 )
 
 
@@ -61,23 +75,33 @@ class Metrics(CallObserver):
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.rpc_requests = PCounter(
-            "nfsgw_rpc_requests", "RPC calls by procedure and status", ["proc", "status"],
+            "nfsgw_rpc_requests",
+            "RPC calls by procedure and status",
+            ["proc", "status"],
             registry=self.registry,
         )
         self.rpc_duration = Histogram(
-            "nfsgw_rpc_duration_seconds", "RPC call latency by procedure", ["proc"],
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+            "nfsgw_rpc_duration_seconds",
+            "RPC call latency by procedure",
+            ["proc"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.rpc_errors = PCounter(
             "nfsgw_rpc_errors", "RPC-level errors by kind", ["kind"], registry=self.registry
         )
         self.s3_requests = PCounter(
-            "nfsgw_s3_requests", "Backend requests by operation and outcome",
-            ["op", "outcome"], registry=self.registry,
+            "nfsgw_s3_requests",
+            "Backend requests by operation and outcome",
+            ["op", "outcome"],
+            registry=self.registry,
         )
         self.s3_duration = Histogram(
-            "nfsgw_s3_request_duration_seconds", "Backend request latency by operation",
-            ["op"], buckets=LATENCY_BUCKETS, registry=self.registry,
+            "nfsgw_s3_request_duration_seconds",
+            "Backend request latency by operation",
+            ["op"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.stats = _StatsCollector()
         self.registry.register(self.stats)

@@ -61,6 +61,7 @@ async def unset_mapping(host: str, port: int, m: portmap.Mapping) -> bool:
 async def getport(host: str, port: int, prog: int, vers: int) -> int:
     w = Writer()
     portmap.pack_mapping(w, portmap.Mapping(prog, vers, portmap.IPPROTO_TCP, 0))
-    r = await call(host, port, portmap.PROGRAM, portmap.VERSION, portmap.PmapProc.GETPORT,
-                   w.getvalue())
+    r = await call(
+        host, port, portmap.PROGRAM, portmap.VERSION, portmap.PmapProc.GETPORT, w.getvalue()
+    )
     return portmap.unpack_port(r)

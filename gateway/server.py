@@ -20,8 +20,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import pmap_client
 from gateway.backend import open_store, parse_store_url
+from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.clock import Clock, SystemClock
-from gateway.config import ServerConfig
+from gateway.config import ExportConfig, ServerConfig
 from gateway.core import Export, Gateway, export_id_for
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
 from gateway.dispatch import Dispatcher
@@ -36,8 +37,15 @@ log = structlog.get_logger(__name__)
 
 
 class Server:
-    def __init__(self, config: ServerConfig, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        clock: Clock | None = None,
+        store_factory: Callable[[ExportConfig, RequestObserver], ObjectStore] | None = None,
+    ) -> None:
         self.config = config
+        self.store_factory = store_factory
         self.clock = clock or SystemClock()
         self.metrics = Metrics()
         self.dispatcher = Dispatcher(self.metrics)
@@ -72,15 +80,10 @@ class Server:
         self.metrics.add_stats("conn", self.conn_stats)
         per_export_meta = max(1 << 20, c.metadata_memory // max(1, len(c.exports)))
         for ec in c.exports:
-            store = open_store(
-                ec.backend,
-                observer=self.metrics.backend_request,
-                endpoint_url=c.s3.endpoint_url,
-                region=c.s3.region,
-                addressing_style=c.s3.addressing_style,
-                profile=c.s3.profile,
-                max_connections=c.s3.max_connections,
-            )
+            if self.store_factory is not None:
+                store = self.store_factory(ec, self.metrics.backend_request)
+            else:
+                store = self._open_store(ec)
             prefix = parse_store_url(ec.backend).prefix
             ns_stats = NamespaceStats()
             ns = Namespace(
@@ -103,11 +106,9 @@ class Server:
         limits = TransportLimits(max_record=c.max_record, max_inflight=c.max_inflight_per_conn)
 
         def factory() -> RpcConnection:
-            return RpcConnection(self.dispatcher.handle, limits, self.conn_stats,
-                                 self.connections)
+            return RpcConnection(self.dispatcher.handle, limits, self.conn_stats, self.connections)
 
-        srv = await loop.create_server(factory, c.listen, c.port, reuse_address=True,
-                                       backlog=1024)
+        srv = await loop.create_server(factory, c.listen, c.port, reuse_address=True, backlog=1024)
         self._servers.append(srv)
         self.port = gw.port = srv.sockets[0].getsockname()[1]
         if c.portmap_port is not None:
@@ -115,9 +116,27 @@ class Server:
         gw.portmap_port = self.portmap_port
         if c.metrics_listen:
             await self._start_web(c.metrics_listen)
-        log.info("gateway_started", listen=c.listen, port=self.port,
-                 portmap_port=self.portmap_port or None, metrics_port=self.metrics_port or None,
-                 exports=[e.path for e in c.exports], cache_memory=c.cache_memory)
+        log.info(
+            "gateway_started",
+            listen=c.listen,
+            port=self.port,
+            portmap_port=self.portmap_port or None,
+            metrics_port=self.metrics_port or None,
+            exports=[e.path for e in c.exports],
+            cache_memory=c.cache_memory,
+        )
+
+    def _open_store(self, ec: ExportConfig) -> ObjectStore:
+        s3 = self.config.s3
+        return open_store(
+            ec.backend,
+            observer=self.metrics.backend_request,
+            endpoint_url=s3.endpoint_url,
+            region=s3.region,
+            addressing_style=s3.addressing_style,
+            profile=s3.profile,
+            max_connections=s3.max_connections,
+        )
 
     async def _start_portmap(self, factory: Callable[[], RpcConnection], port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -170,8 +189,9 @@ class Server:
         if self.connections:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(drain_timeout_s):
-                    await asyncio.gather(*(c.drain() for c in list(self.connections)),
-                                         return_exceptions=True)
+                    await asyncio.gather(
+                        *(c.drain() for c in list(self.connections)), return_exceptions=True
+                    )
         for conn in list(self.connections):
             conn.abort()
         for s in self._servers:
@@ -182,7 +202,8 @@ class Server:
             for prog, vers in ((nfs3.PROGRAM, nfs3.VERSION), (mount3.PROGRAM, mount3.VERSION)):
                 with contextlib.suppress(Exception):
                     await pmap_client.unset_mapping(
-                        host, self.config.portmap_port,
+                        host,
+                        self.config.portmap_port,
                         portmap.Mapping(prog, vers, portmap.IPPROTO_TCP, self.port),
                     )
         if self._web is not None:

@@ -10,6 +10,7 @@ partial record that stalls for ``stall_timeout_s`` closes it.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import cast
@@ -70,11 +71,15 @@ class RpcConnection(asyncio.Protocol):
         self._reader = RecordReader(limits.max_record)
         self._transport: asyncio.Transport | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Records decoded but not started: one read can carry many calls; only
+        # ``max_inflight`` run at once, and reading pauses while any wait here.
+        self._queue: collections.deque[Buffer] = collections.deque()
         self._paused_reading = False
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._stall: asyncio.TimerHandle | None = None
         self._closing = False
+        self._draining = False
         self.peer = Peer("?", 0, 0)
         self.calls = 0
 
@@ -88,8 +93,12 @@ class RpcConnection(asyncio.Protocol):
         self._connections.add(self)
         self._stats.open += 1
         self._stats.opened += 1
-        log.info("connection_opened", client=self.peer.host, client_port=self.peer.port,
-                 local_port=self.peer.local_port)
+        log.info(
+            "connection_opened",
+            client=self.peer.host,
+            client_port=self.peer.port,
+            local_port=self.peer.local_port,
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -100,9 +109,15 @@ class RpcConnection(asyncio.Protocol):
             self._stall.cancel()
         for t in self._tasks:
             t.cancel()
+        self._queue.clear()
         self._can_write.set()
-        log.info("connection_closed", client=self.peer.host, client_port=self.peer.port,
-                 calls=self.calls, error=str(exc) if exc else None)
+        log.info(
+            "connection_closed",
+            client=self.peer.host,
+            client_port=self.peer.port,
+            calls=self.calls,
+            error=str(exc) if exc else None,
+        )
 
     def data_received(self, data: bytes) -> None:
         self._stats.bytes_in += len(data)
@@ -113,8 +128,8 @@ class RpcConnection(asyncio.Protocol):
             log.warning("record_rejected", client=self.peer.host, error=str(e))
             self.abort()
             return
-        for rec in records:
-            self._start_call(rec)
+        self._queue.extend(records)
+        self._start_queued()
         self._arm_stall_timer()
 
     def pause_writing(self) -> None:
@@ -125,16 +140,24 @@ class RpcConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ calls
 
-    def _start_call(self, record: Buffer) -> None:
-        self.calls += 1
-        self._stats.inflight += 1
-        task = asyncio.get_running_loop().create_task(self._run_call(record))
-        self._tasks.add(task)
-        task.add_done_callback(self._call_done)
-        if len(self._tasks) >= self._limits.max_inflight and not self._paused_reading:
-            assert self._transport is not None
+    def _start_queued(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._queue and len(self._tasks) < self._limits.max_inflight and not self._closing:
+            record = self._queue.popleft()
+            self.calls += 1
+            self._stats.inflight += 1
+            task = loop.create_task(self._run_call(record))
+            self._tasks.add(task)
+            task.add_done_callback(self._call_done)
+        busy = bool(self._queue) or len(self._tasks) >= self._limits.max_inflight
+        if self._transport is None or self._closing:
+            return
+        if busy and not self._paused_reading:
             self._transport.pause_reading()
             self._paused_reading = True
+        elif not busy and self._paused_reading and not self._draining:
+            self._transport.resume_reading()
+            self._paused_reading = False
 
     async def _run_call(self, record: Buffer) -> None:
         reply = await self._handler(record, self.peer)
@@ -157,14 +180,7 @@ class RpcConnection(asyncio.Protocol):
             log.error("call_task_failed", client=self.peer.host, exc_info=task.exception())
             self.abort()
             return
-        if (
-            self._paused_reading
-            and not self._closing
-            and len(self._tasks) < self._limits.max_inflight
-            and self._transport is not None
-        ):
-            self._transport.resume_reading()
-            self._paused_reading = False
+        self._start_queued()
 
     # ------------------------------------------------------------------ stalls and shutdown
 
@@ -181,8 +197,9 @@ class RpcConnection(asyncio.Protocol):
     def _stalled(self) -> None:
         self._stall = None
         if self._reader.pending_bytes():
-            log.warning("record_stalled", client=self.peer.host,
-                        pending=self._reader.pending_bytes())
+            log.warning(
+                "record_stalled", client=self.peer.host, pending=self._reader.pending_bytes()
+            )
             self.abort()
 
     def abort(self) -> None:
@@ -195,9 +212,10 @@ class RpcConnection(asyncio.Protocol):
         if self._transport is not None and not self._closing:
             self._transport.pause_reading()
             self._paused_reading = True
+            self._draining = True
 
     async def drain(self) -> None:
-        if self._tasks:
+        while self._tasks:
             await asyncio.wait(set(self._tasks))
         if self._transport is not None:
             self._transport.close()

@@ -9,8 +9,18 @@ from typing import Any
 from gateway.core import Gateway
 from gateway.dispatch import CallContext, Dispatcher, Procedure
 from gateway.errors import GatewayError
-from gateway.handlers import access, fsinfo, getattr, lookup, mount, portmap, read, readdir
-from gateway.handlers import readlink, readonly
+from gateway.handlers import (
+    access,
+    fsinfo,
+    getattr,
+    lookup,
+    mount,
+    portmap,
+    read,
+    readdir,
+    readlink,
+    readonly,
+)
 from nfsproto import mount3, nfs3
 from nfsproto import portmap as pmap
 from nfsproto.nfs3 import Nfs3Proc
@@ -64,32 +74,49 @@ def register_all(d: Dispatcher, gw: Gateway) -> None:
     procs: dict[int, Procedure[Any, Any]] = {0: _NULL}
     for num, (handler, fail) in _NFS.items():
         codec = nfs3.PROCS[num]
-        procs[num] = Procedure(num.name, codec.unpack_args, codec.pack_res,
-                               partial(handler, gw), fail)
+        procs[num] = Procedure(
+            num.name, codec.unpack_args, codec.pack_res, partial(handler, gw), fail
+        )
     assert len(procs) == 22, "every NFSv3 procedure has a handler"
     d.register(nfs3.PROGRAM, "NFS3", nfs3.VERSION, procs)
 
     mp = mount3.MountProc
-    d.register(mount3.PROGRAM, "MOUNT3", mount3.VERSION, {
-        mp.NULL: _NULL,
-        mp.MNT: Procedure("MNT", mount3.unpack_mnt3args, mount3.pack_mnt3res,
-                          partial(mount.mnt, gw)),
-        mp.DUMP: Procedure("DUMP", _void_args, mount3.pack_mountlist, partial(mount.dump, gw)),
-        mp.UMNT: Procedure("UMNT", mount3.unpack_mnt3args, _void_res, partial(mount.umnt, gw)),
-        mp.UMNTALL: Procedure("UMNTALL", _void_args, _void_res, partial(mount.umntall, gw)),
-        mp.EXPORT: Procedure("EXPORT", _void_args, mount3.pack_exports,
-                             partial(mount.export_list, gw)),
-    })
+    d.register(
+        mount3.PROGRAM,
+        "MOUNT3",
+        mount3.VERSION,
+        {
+            mp.NULL: _NULL,
+            mp.MNT: Procedure(
+                "MNT", mount3.unpack_mnt3args, mount3.pack_mnt3res, partial(mount.mnt, gw)
+            ),
+            mp.DUMP: Procedure("DUMP", _void_args, mount3.pack_mountlist, partial(mount.dump, gw)),
+            mp.UMNT: Procedure("UMNT", mount3.unpack_mnt3args, _void_res, partial(mount.umnt, gw)),
+            mp.UMNTALL: Procedure("UMNTALL", _void_args, _void_res, partial(mount.umntall, gw)),
+            mp.EXPORT: Procedure(
+                "EXPORT", _void_args, mount3.pack_exports, partial(mount.export_list, gw)
+            ),
+        },
+    )
 
     pp = pmap.PmapProc
-    d.register(pmap.PROGRAM, "PMAP2", pmap.VERSION, {
-        pp.NULL: _NULL,
-        pp.SET: Procedure("SET", pmap.unpack_mapping, pmap.pack_bool, partial(portmap.set_, gw)),
-        pp.UNSET: Procedure("UNSET", pmap.unpack_mapping, pmap.pack_bool,
-                            partial(portmap.set_, gw)),
-        pp.GETPORT: Procedure("GETPORT", pmap.unpack_mapping, pmap.pack_port,
-                              partial(portmap.getport, gw)),
-        pp.DUMP: Procedure("DUMP", _void_args, pmap.pack_pmaplist, partial(portmap.dump, gw)),
-    })
+    d.register(
+        pmap.PROGRAM,
+        "PMAP2",
+        pmap.VERSION,
+        {
+            pp.NULL: _NULL,
+            pp.SET: Procedure(
+                "SET", pmap.unpack_mapping, pmap.pack_bool, partial(portmap.set_, gw)
+            ),
+            pp.UNSET: Procedure(
+                "UNSET", pmap.unpack_mapping, pmap.pack_bool, partial(portmap.set_, gw)
+            ),
+            pp.GETPORT: Procedure(
+                "GETPORT", pmap.unpack_mapping, pmap.pack_port, partial(portmap.getport, gw)
+            ),
+            pp.DUMP: Procedure("DUMP", _void_args, pmap.pack_pmaplist, partial(portmap.dump, gw)),
+        },
+    )
     # NFSACL (100227) and NLM are deliberately not registered: PROG_UNAVAIL turns the Linux
     # client's per-file GETACL calls off.

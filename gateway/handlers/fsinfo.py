@@ -27,8 +27,9 @@ MAX_FILE_SIZE = 5 << 40  # S3's object size limit
 
 async def fsstat3(gw: Gateway, ctx: CallContext, args: Fsstat3Args) -> Fsstat3Res:
     export, entry = await gw.resolve(ctx, args.fsroot)
-    return Fsstat3Res(NfsStat3.NFS3_OK, fattr(export, entry), CAPACITY, CAPACITY, CAPACITY,
-                      FILES, FILES, FILES, 0)
+    return Fsstat3Res(
+        NfsStat3.NFS3_OK, fattr(export, entry), CAPACITY, CAPACITY, CAPACITY, FILES, FILES, FILES, 0
+    )
 
 
 def fsstat3_fail(e: GatewayError, args: Fsstat3Args) -> Fsstat3Res:

@@ -18,10 +18,7 @@ async def lookup3(gw: Gateway, ctx: CallContext, args: Lookup3Args) -> Lookup3Re
         return Lookup3Res(NfsStat3.NFS3ERR_NOTDIR, dir_attributes=dir_attr)
     raw = args.what.name
     try:
-        if raw in (b".", b".."):
-            name = raw.decode()
-        else:
-            name = check_name(raw)
+        name = raw.decode() if raw in (b".", b"..") else check_name(raw)
         child = await export.ns.lookup(d.path, name)
     except NotDirectory:
         return Lookup3Res(NfsStat3.NFS3ERR_NOTDIR, dir_attributes=dir_attr)

@@ -22,7 +22,7 @@ def _find_export(gw: Gateway, path: str) -> tuple[Export, str] | None:
             return e, ""
         base = p.rstrip("/") + "/"
         if path.startswith(base) and (best is None or len(p) > len(best[0].cfg.path)):
-            best = (e, path[len(base):].strip("/"))
+            best = (e, path[len(base) :].strip("/"))
     return best
 
 
@@ -36,9 +36,7 @@ async def mnt(gw: Gateway, ctx: CallContext, args: Mnt3Args) -> Mnt3Res:
     if found is None:
         return Mnt3Res(MountStat3.MNT3ERR_NOENT)
     export, rel = found
-    if not export.cfg.allows(ctx.peer.host) or (
-        export.cfg.secure_port and ctx.peer.port >= 1024
-    ):
+    if not export.cfg.allows(ctx.peer.host) or (export.cfg.secure_port and ctx.peer.port >= 1024):
         return Mnt3Res(MountStat3.MNT3ERR_ACCES)
     if rel:
         try:

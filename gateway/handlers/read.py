@@ -12,10 +12,10 @@ from nfsproto.nfs3 import NfsStat3, Read3Args, Read3Res
 from nfsproto.xdr import Buffer
 
 
-async def _read(gw: Gateway, export: Export, e: Entry, offset: int,
-                count: int) -> tuple[Buffer, bool]:
-    return await gw.reader.read(export.store, export.prefix + e.path, e.etag, e.size, offset,
-                                count)
+async def _read(
+    gw: Gateway, export: Export, e: Entry, offset: int, count: int
+) -> tuple[Buffer, bool]:
+    return await gw.reader.read(export.store, export.prefix + e.path, e.etag, e.size, offset, count)
 
 
 async def read3(gw: Gateway, ctx: CallContext, args: Read3Args) -> Read3Res:

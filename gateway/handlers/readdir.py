@@ -42,13 +42,11 @@ async def _entries(
     if cookie <= DOT_COOKIE:
         parent = d if not d.path else await export.ns.getattr(split_path(d.path)[0])
         out.append((DOTDOT_COOKIE, "..", parent))
-    page = await export.ns.readdir(d.path, 0 if cookie <= DOTDOT_COOKIE else cookie, verifier,
-                                   max_entries=max_entries)
+    page = await export.ns.readdir(
+        d.path, 0 if cookie <= DOTDOT_COOKIE else cookie, verifier, max_entries=max_entries
+    )
     out.extend((c, e.name, e) for c, e in page.entries)
     return out, page.eof, page.verifier
-
-
-
 
 
 async def readdir3(gw: Gateway, ctx: CallContext, args: Readdir3Args) -> Readdir3Res:
@@ -59,8 +57,9 @@ async def readdir3(gw: Gateway, ctx: CallContext, args: Readdir3Args) -> Readdir
     budget = min(args.count, MAX_REPLY) - READDIR3RES_OVERHEAD
     if budget < size_entry3(1):
         raise TooSmall(f"count {args.count}")
-    items, eof, verf = await _entries(export, d, args.cookie, args.cookieverf,
-                                      budget // size_entry3(0) + 1)
+    items, eof, verf = await _entries(
+        export, d, args.cookie, args.cookieverf, budget // size_entry3(0) + 1
+    )
     entries: list[Entry3] = []
     for cookie, name, e in items:
         raw = name.encode()
@@ -79,8 +78,7 @@ def readdir3_fail(e: GatewayError, args: Readdir3Args) -> Readdir3Res:
     return Readdir3Res(e.status)
 
 
-async def readdirplus3(gw: Gateway, ctx: CallContext,
-                       args: Readdirplus3Args) -> Readdirplus3Res:
+async def readdirplus3(gw: Gateway, ctx: CallContext, args: Readdirplus3Args) -> Readdirplus3Res:
     export, d = await gw.resolve(ctx, args.dir)
     dattr = fattr(export, d)
     if d.kind != EntryKind.DIR:
@@ -88,8 +86,9 @@ async def readdirplus3(gw: Gateway, ctx: CallContext,
     budget = min(args.maxcount, MAX_REPLY) - READDIRPLUS3RES_OVERHEAD
     if budget < size_entryplus3(1, True, 8):
         raise TooSmall(f"maxcount {args.maxcount}")
-    items, eof, verf = await _entries(export, d, args.cookie, args.cookieverf,
-                                      budget // size_entryplus3(0, True, 8) + 1)
+    items, eof, verf = await _entries(
+        export, d, args.cookie, args.cookieverf, budget // size_entryplus3(0, True, 8) + 1
+    )
     entries: list[Entryplus3] = []
     for cookie, name, e in items:
         raw = name.encode()

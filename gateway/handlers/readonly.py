@@ -86,9 +86,7 @@ async def rmdir3(gw: Gateway, ctx: CallContext, args: Rmdir3Args) -> Rmdir3Res:
 
 
 async def rename3(gw: Gateway, ctx: CallContext, args: Rename3Args) -> Rename3Res:
-    return Rename3Res(
-        ROFS, await _wcc(gw, ctx, args.from_.dir), await _wcc(gw, ctx, args.to.dir)
-    )
+    return Rename3Res(ROFS, await _wcc(gw, ctx, args.from_.dir), await _wcc(gw, ctx, args.to.dir))
 
 
 async def link3(gw: Gateway, ctx: CallContext, args: Link3Args) -> Link3Res:
