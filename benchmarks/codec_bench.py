@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import timeit
 from collections.abc import Callable
+from typing import Any
 
 from nfsproto import nfs3, rpc
 from nfsproto.nfs3 import Diropargs3, Fattr3, Ftype3, Nfs3Proc, NfsStat3, NfsTime3, Specdata3
@@ -45,18 +46,18 @@ def best_us(fn: Callable[[], object], repeat: int) -> float:
     return min(t.repeat(repeat=repeat, number=n)) / n * 1e6
 
 
-def reply(pack: Callable[[Writer, object], None], res: object) -> Callable[[], list[object]]:
-    def f() -> list[object]:
+def reply(pack: Callable[[Writer, Any], None], res: object) -> Callable[[], list[Any]]:
+    def f() -> list[Any]:
         w = Writer()
         rpc.pack_success_header(w, 0x1234)
         pack(w, res)
-        return rpc.frame(w.buffers())  # type: ignore[return-value]
+        return rpc.frame(w.buffers())
 
     return f
 
 
-def encoded(fn: Callable[[], list[object]]) -> bytes:
-    return b"".join(bytes(b) for b in fn())  # type: ignore[arg-type]
+def encoded(fn: Callable[[], list[Any]]) -> bytes:
+    return b"".join(bytes(b) for b in fn())
 
 
 def main() -> None:
@@ -82,11 +83,11 @@ def main() -> None:
     cred = rpc.auth_sys(1000, 1000, [1000, 27], b"trainer-node-01")
     largs = nfs3.Lookup3Args(Diropargs3(FH, b"n01440764_10026.JPEG"))
 
-    def lookup_call_enc() -> list[object]:
+    def lookup_call_enc() -> list[Any]:
         w = Writer()
         rpc.pack_call(w, 7, nfs3.PROGRAM, 3, Nfs3Proc.LOOKUP, cred)
         P[Nfs3Proc.LOOKUP].pack_args(w, largs)
-        return rpc.frame(w.buffers())  # type: ignore[return-value]
+        return rpc.frame(w.buffers())
 
     lc = encoded(lookup_call_enc)[4:]
 
