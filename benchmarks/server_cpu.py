@@ -73,7 +73,11 @@ async def bench(port: int, proc: psutil.Process, calls: int, inflight: int) -> N
         await asyncio.gather(*(fn(i) for i in range(200)))  # warm
         sem = asyncio.Semaphore(inflight)
 
-        async def one(i: int, fn: Callable[[int], Awaitable[object]] = fn) -> None:
+        async def one(
+            i: int,
+            fn: Callable[[int], Awaitable[object]] = fn,
+            sem: asyncio.Semaphore = sem,
+        ) -> None:
             async with sem:
                 await fn(i)
 
