@@ -1,0 +1,582 @@
+"""The READ path of the data layer: read coalescing, read-ahead, single-flight fetches.
+
+Owns: turning ``(object version, offset, count)`` into bytes with as few backend GETs as
+possible, the per-object stream state that drives read-ahead, and the bound on concurrent
+GETs. Must not: store bytes itself (``DataCache`` does), know about NFS or file handles, or
+catch ``CancelledError`` without re-raising it.
+
+Geometry
+--------
+* **Small objects** (``size <= small_file_max``, 4 MiB) are one cache entry: the first READ
+  fetches the whole object with one GET (no Range header) and every later READ at any offset is
+  a memoryview slice of it. A zero-byte object costs no request at all.
+* **Large objects** are cut into aligned ``block_size`` blocks, 1 MiB by default because:
+  Linux clients READ at most ``rsize`` = 1 MiB, so an aligned READ touches one block and any
+  READ at most two; a random 4 KiB READ costs a 1 MiB GET, which on S3 (~20-50 ms to first
+  byte, ~100 MB/s per connection) is ~10 ms of transfer on top of the latency it pays anyway;
+  per-entry overhead is 0.06 %; and the request size of read-ahead is decoupled from it (see
+  ``max_request_bytes``), so sequential throughput does not depend on the block size.
+
+Read-ahead
+----------
+Per object version, up to ``max_streams_per_object`` streams (LRU), over at most
+``max_streams`` objects (LRU). A READ belongs to a stream when it starts within
+``[next_offset - max(window, block), next_offset + block]`` (the Linux client's parallel
+READs arrive slightly out of order); otherwise it opens a new stream, which is how random
+access resets the window (a stream that is not sequential yet only matches an exact
+continuation). A stream opened at offset 0, or continued sequentially, reads ahead:
+when fewer than ``max(window/2, block)`` bytes remain ahead of the READ, blocks up to
+``end + window`` are requested and the window doubles, up to ``max_readahead`` (64 MiB) and to
+half the cache's read-ahead share. Adjacent missing blocks are fetched as one ranged GET of up
+to ``max_request_bytes`` (8 MiB) and split; demand fetches only cover the blocks the READ
+needs, so a READ never waits for 8 MiB it did not ask for.
+
+Single-flight and bounds
+------------------------
+Every block being fetched has one ``Future`` in ``_inflight``; a READ that needs it awaits
+``asyncio.shield(future)``, so a cancelled READ never cancels the fetch others wait on. One
+GET (a ``Task``) resolves the futures of all blocks it covers; on failure every waiter gets
+the exception and nothing is cached; the next READ retries. ``PreconditionFailed`` (the etag
+changed) also drops the cached blocks and streams of that version; the caller refreshes
+attributes and retries.
+
+GETs run under ``max_inflight_fetches`` slots; read-ahead may hold at most
+``max_readahead_fetches`` of them, and a freed slot always goes to a waiting demand fetch
+first (a READ waiting on a queued read-ahead fetch promotes it). Memory outside the cache
+budget: bodies being received are bounded by the slots (``max_inflight_fetches x
+max_request_bytes``, 256 MiB by default; a demand GET is at most one small object or the
+blocks of one READ); read-ahead requested but not landed is capped at
+``max_readahead_inflight_bytes`` (queued fetches hold no buffer). Landed read-ahead is charged
+to the cache (its prefetch share). Demand fetches are not capped here: each READ starts at most
+``ceil(count / block) + 1``, so the transport's calls-in-flight cap bounds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from gateway.backend.base import (
+    BackendError,
+    BackendUnavailable,
+    ObjectStore,
+    PreconditionFailed,
+)
+from gateway.data.cache import ENTRY_OVERHEAD, BlockKey, DataCache
+from gateway.data.stats import DataStats
+
+__all__ = ["DataConfig", "ObjectReader"]
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class DataConfig:
+    small_file_max: int = 4 * MiB
+    """Objects up to this size are fetched whole on the first READ and cached as one entry."""
+    block_size: int = 1 * MiB
+    """Cache block of larger objects (see the module docstring for the choice)."""
+    initial_readahead: int = 1 * MiB
+    max_readahead: int = 64 * MiB
+    """Per stream; also capped at half the cache's read-ahead share."""
+    max_request_bytes: int = 8 * MiB
+    """Largest ranged GET read-ahead coalesces adjacent blocks into (at least one block)."""
+    max_inflight_fetches: int = 32
+    max_readahead_fetches: int = 24
+    """Of ``max_inflight_fetches``; the rest is reserved for demand fetches."""
+    max_readahead_inflight_bytes: int = 256 * MiB
+    """Read-ahead requested but not landed yet (running or queued for a slot)."""
+    max_streams: int = 4096
+    """Objects with read-ahead state (LRU)."""
+    max_streams_per_object: int = 8
+    fetch_timeout_s: float | None = 300.0
+    """Safety net around one GET (slot wait excluded); the backend's own timeouts and retries
+    should fire first. Expiry fails the waiters with ``BackendUnavailable``."""
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.small_file_max < 0:
+            raise ValueError("block_size must be > 0 and small_file_max >= 0")
+        if not 0 <= self.max_readahead_fetches < self.max_inflight_fetches:
+            raise ValueError("need 0 <= max_readahead_fetches < max_inflight_fetches")
+        if min(self.initial_readahead, self.max_readahead, self.max_readahead_inflight_bytes) < 0:
+            raise ValueError("read-ahead sizes must be >= 0")
+        if self.max_streams < 1 or self.max_streams_per_object < 1:
+            raise ValueError("stream limits must be >= 1")
+        if self.fetch_timeout_s is not None and self.fetch_timeout_s <= 0:
+            raise ValueError("fetch_timeout_s must be > 0 or None")
+
+
+class _Fetch:
+    """One backend GET covering ``blocks`` (consecutive) of one object version."""
+
+    __slots__ = (
+        "store",
+        "key",
+        "etag",
+        "size",
+        "start",
+        "end",
+        "blocks",
+        "demand",
+        "slot_ra",
+        "waiter",
+        "cacheable",
+        "nbytes",
+        "ra_bytes",
+        "task",
+    )
+
+    def __init__(
+        self, store: ObjectStore, key: str, etag: str, size: int, start: int, end: int | None
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.etag = etag
+        self.size = size
+        self.start = start
+        self.end = end  # None: the whole object, no Range header
+        self.blocks: list[tuple[BlockKey, _Pending, int, int]] = []
+        self.demand = False
+        self.slot_ra = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.cacheable = True
+        self.nbytes = (size if end is None else end) - start
+        self.ra_bytes = 0  # counted in ObjectReader._ra_inflight_bytes until it finishes
+        self.task: asyncio.Task[None] | None = None
+
+
+class _Pending:
+    __slots__ = ("future", "fetch", "demanded")
+
+    def __init__(self, future: asyncio.Future[bytes], fetch: _Fetch, demanded: bool) -> None:
+        self.future = future
+        self.fetch = fetch
+        self.demanded = demanded
+
+
+class _Stream:
+    __slots__ = ("next_offset", "window", "ra_end")
+
+    def __init__(self, next_offset: int, window: int, ra_end: int) -> None:
+        self.next_offset = next_offset  # highest end of the READs that matched
+        self.window = window  # 0: not sequential (yet)
+        self.ra_end = ra_end  # blocks below this are cached, in flight or demanded
+
+
+class _ObjectStreams:
+    __slots__ = ("etag", "streams")
+
+    def __init__(self, etag: str) -> None:
+        self.etag = etag
+        self.streams: list[_Stream] = []
+
+
+def _retrieve(fut: asyncio.Future[bytes]) -> None:
+    # Mark a failed block future's exception as retrieved: read-ahead blocks nobody waited for
+    # must not log "Future exception was never retrieved".
+    if not fut.cancelled():
+        fut.exception()
+
+
+class _FetchSlots:
+    """``total`` GET slots; demand first, read-ahead limited to ``ra_limit`` of them."""
+
+    def __init__(self, total: int, ra_limit: int, stats: DataStats) -> None:
+        self._free = total
+        self._ra_running = 0
+        self._ra_limit = ra_limit
+        self._demand: deque[_Fetch] = deque()
+        self._ahead: deque[_Fetch] = deque()
+        self._stats = stats
+
+    def _take(self, f: _Fetch) -> None:
+        self._free -= 1
+        f.slot_ra = not f.demand
+        if f.slot_ra:
+            self._ra_running += 1
+
+    async def acquire(self, f: _Fetch) -> None:
+        if self._free > 0 and (
+            f.demand or (not self._demand and self._ra_running < self._ra_limit)
+        ):
+            self._take(f)
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        f.waiter = waiter
+        (self._demand if f.demand else self._ahead).append(f)
+        self._stats.queued_inflight += 1
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(f)  # granted, then cancelled before it could run
+            elif f in self._demand:
+                self._demand.remove(f)
+            elif f in self._ahead:
+                self._ahead.remove(f)
+            raise
+        finally:
+            f.waiter = None
+            self._stats.queued_inflight -= 1
+
+    def release(self, f: _Fetch) -> None:
+        if f.slot_ra:
+            self._ra_running -= 1
+        self._free += 1
+        self._dispatch()
+
+    def promote(self, f: _Fetch) -> None:
+        """A READ now waits on this read-ahead fetch: it queues (or runs) as demand."""
+        if f.demand:
+            return
+        f.demand = True
+        if f.waiter is not None and f in self._ahead:
+            self._ahead.remove(f)
+            self._demand.append(f)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self._free > 0:
+            if self._demand:
+                f = self._demand.popleft()
+            elif self._ahead and self._ra_running < self._ra_limit:
+                f = self._ahead.popleft()
+            else:
+                return
+            self._take(f)
+            assert f.waiter is not None
+            f.waiter.set_result(None)
+
+
+def _same_etag(a: str, b: str) -> bool:
+    return a == b or a.strip('"') == b.strip('"')
+
+
+class ObjectReader:
+    """Serves READs of object versions from ``cache``, fetching what is missing."""
+
+    def __init__(
+        self,
+        cache: DataCache,
+        config: DataConfig | None = None,
+        stats: DataStats | None = None,
+    ) -> None:
+        self._cache = cache
+        self._cfg = cfg = config if config is not None else DataConfig()
+        self.stats = stats if stats is not None else cache.stats
+        self._inflight: dict[BlockKey, _Pending] = {}
+        self._fetches: set[_Fetch] = set()
+        self._slots = _FetchSlots(cfg.max_inflight_fetches, cfg.max_readahead_fetches, self.stats)
+        self._streams: OrderedDict[tuple[str, str], _ObjectStreams] = OrderedDict()
+        self._ra_inflight_bytes = 0
+        self._max_run = max(1, cfg.max_request_bytes // cfg.block_size)  # blocks per GET
+        # Read-ahead lands in the cache's prefetch share: a window larger than half of it
+        # would push its own blocks out before they are read.
+        self._ra_max = min(cfg.max_readahead, cache.prefetch_cap_bytes // 2)
+        if self._ra_max < cfg.block_size + ENTRY_OVERHEAD or cfg.initial_readahead == 0:
+            self._ra_max = 0
+
+    @property
+    def cache(self) -> DataCache:
+        return self._cache
+
+    @property
+    def config(self) -> DataConfig:
+        return self._cfg
+
+    # -- READ ----------------------------------------------------------------------------
+
+    async def read(
+        self, store: ObjectStore, key: str, etag: str, size: int, offset: int, count: int
+    ) -> tuple[bytes | memoryview, bool]:
+        """Up to ``count`` bytes of version ``etag`` (``size`` bytes long) at ``offset``, and
+        whether they reach the end of the object. Raises the backend's errors
+        (``PreconditionFailed`` when the object is no longer ``etag``)."""
+        if offset < 0 or count < 0:
+            raise ValueError("offset and count must be >= 0")
+        end = min(offset + count, size)
+        if offset >= end:
+            return b"", offset >= size
+        eof = end >= size
+        stats = self.stats
+        if size <= self._cfg.small_file_max:
+            bkey = (store.name, key, etag, 0)
+            data = self._cache.lookup(bkey)
+            if data is not None:
+                stats.hits += 1
+                stats.bytes_hit += end - offset
+            else:
+                stats.misses += 1
+                fut = self._join(bkey)
+                if fut is None:
+                    fut = self._start_fetch(store, key, etag, size, 0, 1, demand=True)[0]
+                data = await asyncio.shield(fut)
+            if offset == 0 and end == len(data):
+                return data, eof
+            return memoryview(data)[offset:end], eof
+        return await self._read_blocks(store, key, etag, size, offset, end), eof
+
+    async def _read_blocks(
+        self, store: ObjectStore, key: str, etag: str, size: int, offset: int, end: int
+    ) -> bytes | memoryview:
+        bs = self._cfg.block_size
+        first = offset // bs
+        last = (end - 1) // bs
+        name = store.name
+        stats = self.stats
+        cache = self._cache
+        got: list[bytes | asyncio.Future[bytes] | None] = []
+        missing: list[int] = []
+        for b in range(first, last + 1):
+            bkey = (name, key, etag, b)
+            data = cache.lookup(bkey)
+            if data is not None:
+                stats.hits += 1
+                stats.bytes_hit += min(end, (b + 1) * bs) - max(offset, b * bs)
+                got.append(data)
+                continue
+            stats.misses += 1
+            fut = self._join(bkey)
+            if fut is None:
+                missing.append(b)
+            got.append(fut)
+        for run_first, n in self._runs(missing, self._max_run):
+            futs = self._start_fetch(store, key, etag, size, run_first, n, demand=True)
+            got[run_first - first : run_first - first + n] = futs
+        self._readahead(store, key, etag, size, offset, end)
+
+        parts: list[memoryview] = []
+        for i, item in enumerate(got):
+            assert item is not None
+            data = await asyncio.shield(item) if isinstance(item, asyncio.Future) else item
+            b = first + i
+            parts.append(memoryview(data)[max(offset - b * bs, 0) : min(end - b * bs, len(data))])
+        if len(parts) == 1:
+            return parts[0]
+        return b"".join(parts)
+
+    @staticmethod
+    def _runs(blocks: list[int], max_n: int) -> list[tuple[int, int]]:
+        """Sorted block indexes -> (first, count) runs of consecutive blocks, <= max_n long."""
+        runs: list[tuple[int, int]] = []
+        for b in blocks:
+            if runs and runs[-1][0] + runs[-1][1] == b and runs[-1][1] < max_n:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((b, 1))
+        return runs
+
+    # -- single-flight fetches -----------------------------------------------------------
+
+    def _join(self, bkey: BlockKey) -> asyncio.Future[bytes] | None:
+        """The in-flight fetch of ``bkey`` a READ can wait on, if any."""
+        p = self._inflight.get(bkey)
+        if p is None:
+            return None
+        self.stats.joined += 1
+        if not p.demanded:
+            p.demanded = True
+            self._cache.note_miss(bkey)
+            self._slots.promote(p.fetch)
+        return p.future
+
+    def _start_fetch(
+        self,
+        store: ObjectStore,
+        key: str,
+        etag: str,
+        size: int,
+        first: int,
+        n: int,
+        *,
+        demand: bool,
+    ) -> list[asyncio.Future[bytes]]:
+        loop = asyncio.get_running_loop()
+        if size <= self._cfg.small_file_max:
+            f = _Fetch(store, key, etag, size, 0, None)
+            spans = [(0, size)]
+        else:
+            bs = self._cfg.block_size
+            start = first * bs
+            stop = min((first + n) * bs, size)
+            f = _Fetch(store, key, etag, size, start, stop)
+            spans = [
+                (b * bs - start, min((b + 1) * bs, size) - start) for b in range(first, first + n)
+            ]
+        f.demand = demand
+        futs: list[asyncio.Future[bytes]] = []
+        for i, (lo, hi) in enumerate(spans):
+            bkey = (store.name, key, etag, first + i)
+            fut: asyncio.Future[bytes] = loop.create_future()
+            fut.add_done_callback(_retrieve)
+            p = _Pending(fut, f, demand)
+            self._inflight[bkey] = p
+            f.blocks.append((bkey, p, lo, hi))
+            futs.append(fut)
+            if demand:
+                self._cache.note_miss(bkey)
+        if not demand:
+            f.ra_bytes = f.nbytes
+            self._ra_inflight_bytes += f.ra_bytes
+            self.stats.readahead_blocks += n
+        self._fetches.add(f)
+        self.stats.pending_fetch_bytes += f.nbytes
+        f.task = loop.create_task(self._run_fetch(f), name=f"datafetch:{key}")
+        return futs
+
+    async def _run_fetch(self, f: _Fetch) -> None:
+        stats = self.stats
+        try:
+            await self._slots.acquire(f)
+            stats.inflight_fetches += 1
+            stats.gets += 1
+            try:
+                async with asyncio.timeout(self._cfg.fetch_timeout_s):
+                    res = await f.store.get(f.key, f.start, f.end, if_match=f.etag)
+            except TimeoutError as exc:
+                raise BackendUnavailable(f"{f.key}: GET timed out") from exc
+            finally:
+                stats.inflight_fetches -= 1
+                self._slots.release(f)
+            if (res.etag and not _same_etag(res.etag, f.etag)) or res.size != f.size:
+                raise PreconditionFailed(f"{f.key}: now {res.etag!r} ({res.size} B)")
+            if len(res.data) != f.nbytes:
+                raise BackendError(f"{f.key}: got {len(res.data)} B for a {f.nbytes} B range")
+            stats.bytes_fetched += f.nbytes
+            body = res.data
+            self._deliver(f, body if type(body) is bytes else bytes(body))
+        except PreconditionFailed as exc:
+            stats.precondition_failed += 1
+            self._forget_version(f.store.name, f.key, f.etag)
+            self._fail(f, exc)
+        except Exception as exc:
+            stats.fetch_errors += 1
+            self._fail(f, exc)
+        except BaseException:  # cancelled (close()): waiters must not hang
+            self._fail(f, None)
+            raise
+        finally:
+            self._finish(f)
+
+    def _deliver(self, f: _Fetch, data: bytes) -> None:
+        cache = self._cache
+        whole = len(f.blocks) == 1
+        mv = memoryview(data)
+        for bkey, p, lo, hi in f.blocks:
+            # A multi-block GET is split by copying (~0.1 ms/MiB): a cached block must not pin
+            # the whole GET buffer, or evicting it would free nothing.
+            chunk = data if whole else bytes(mv[lo:hi])
+            if f.cacheable and self._inflight.get(bkey) is p:
+                cache.insert(bkey, chunk, prefetched=not p.demanded)
+            if not p.future.done():
+                p.future.set_result(chunk)
+
+    def _fail(self, f: _Fetch, exc: BaseException | None) -> None:
+        for _, p, _, _ in f.blocks:
+            if p.future.done():
+                continue
+            if exc is None:
+                p.future.cancel()
+            else:
+                p.future.set_exception(exc)
+
+    def _finish(self, f: _Fetch) -> None:
+        for bkey, p, _, _ in f.blocks:
+            if self._inflight.get(bkey) is p:
+                del self._inflight[bkey]
+        self._ra_inflight_bytes -= f.ra_bytes
+        self.stats.pending_fetch_bytes -= f.nbytes
+        self._fetches.discard(f)
+
+    # -- read-ahead ----------------------------------------------------------------------
+
+    def _readahead(
+        self, store: ObjectStore, key: str, etag: str, size: int, offset: int, end: int
+    ) -> None:
+        if self._ra_max == 0:
+            return
+        cfg = self._cfg
+        bs = cfg.block_size
+        okey = (store.name, key)
+        objs = self._streams.get(okey)
+        if objs is None or objs.etag != etag:
+            objs = _ObjectStreams(etag)
+            self._streams[okey] = objs
+            if len(self._streams) > cfg.max_streams:
+                self._streams.popitem(last=False)
+        self._streams.move_to_end(okey)
+        streams = objs.streams
+        aligned_end = min(-(-end // bs) * bs, size)
+        s: _Stream | None = None
+        for i, cand in enumerate(streams):
+            # A stream not yet sequential needs an exact continuation; an established one
+            # tolerates the small reordering and skips of parallel client READs.
+            slack = max(cand.window, bs) if cand.window else 0
+            if cand.next_offset - slack <= offset <= cand.next_offset + min(slack, bs):
+                s = cand
+                if i:
+                    del streams[i]
+                    streams.insert(0, s)
+                break
+        if s is None:
+            s = _Stream(end, cfg.initial_readahead if offset == 0 else 0, aligned_end)
+            streams.insert(0, s)
+            del streams[cfg.max_streams_per_object :]
+        else:
+            s.next_offset = max(s.next_offset, end)
+            s.ra_end = max(s.ra_end, aligned_end)
+            if s.window == 0:
+                s.window = cfg.initial_readahead
+        if s.window == 0 or s.ra_end >= size or end + max(s.window // 2, bs) <= s.ra_end:
+            return
+        target = min(-(-(end + s.window) // bs) * bs, size)
+        cache = self._cache
+        name = store.name
+        budget = cfg.max_readahead_inflight_bytes - self._ra_inflight_bytes
+        want: list[int] = []
+        b = s.ra_end // bs
+        stop = -(-target // bs)
+        while b < stop:
+            nbytes = min((b + 1) * bs, size) - b * bs
+            if nbytes > budget:
+                break  # throttled: the next READ of this stream tries again
+            bkey = (name, key, etag, b)
+            if bkey not in cache and bkey not in self._inflight:
+                want.append(b)
+                budget -= nbytes
+            b += 1
+        s.ra_end = min(b * bs, size)
+        s.window = min(2 * s.window, self._ra_max)
+        for run_first, n in self._runs(want, self._max_run):
+            self._start_fetch(store, key, etag, size, run_first, n, demand=False)
+
+    # -- invalidation and shutdown -------------------------------------------------------
+
+    def _forget_version(self, store_name: str, key: str, etag: str | None) -> None:
+        self._cache.invalidate(store_name, key, etag)
+        objs = self._streams.get((store_name, key))
+        if objs is not None and (etag is None or objs.etag == etag):
+            del self._streams[(store_name, key)]
+        for f in self._fetches:
+            if f.key == key and f.store.name == store_name and (etag is None or f.etag == etag):
+                f.cacheable = False
+
+    def invalidate(self, store_name: str, key: str) -> None:
+        """Drop everything known about ``key`` (all versions); fetches in flight for it still
+        answer their waiters but cache nothing."""
+        self._forget_version(store_name, key, None)
+
+    def clear(self) -> None:
+        self._cache.clear()
+        self._streams.clear()
+        for f in self._fetches:
+            f.cacheable = False
+
+    async def close(self) -> None:
+        """Cancel fetches in flight (their waiters get ``CancelledError``) and wait for them."""
+        tasks = [f.task for f in self._fetches if f.task is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
