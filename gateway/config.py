@@ -6,6 +6,7 @@ operations issue; flags map onto the same dataclasses.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import re
@@ -77,13 +78,19 @@ class ExportConfig:
             )
 
     def allows(self, host: str) -> bool:
-        try:
-            addr = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped
-        return any(addr in net for net in self.clients)
+        return _allows(self.clients, host)
+
+
+@functools.lru_cache(maxsize=4096)
+def _allows(clients: tuple[IpNet, ...], host: str) -> bool:
+    """Whether ``host`` is in one of ``clients`` (cached: it runs on every call)."""
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return any(addr in net for net in clients)
 
 
 def parse_export(spec: str, read_only: bool = False) -> ExportConfig:
