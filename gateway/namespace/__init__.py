@@ -1,0 +1,28 @@
+"""The namespace layer: file handles (``handles``) and the directory index (``index``).
+
+Owns: mapping NFS file handles to export-relative paths and paths to attributes, built from
+object listings. Must not: speak XDR or know about RPC; handlers translate ``Entry`` to wire
+attributes and map the ``GatewayError``s raised here through ``dispatch``.
+"""
+
+from gateway.namespace.handles import HandleCodec, fileid, load_or_create_secret
+from gateway.namespace.index import (
+    DirPage,
+    Entry,
+    EntryKind,
+    Namespace,
+    NamespaceConfig,
+    NamespaceStats,
+)
+
+__all__ = [
+    "DirPage",
+    "Entry",
+    "EntryKind",
+    "HandleCodec",
+    "Namespace",
+    "NamespaceConfig",
+    "NamespaceStats",
+    "fileid",
+    "load_or_create_secret",
+]
