@@ -18,12 +18,19 @@ from hypothesis.stateful import (
     rule,
 )
 
-from gateway.backend.base import BackendError, BackendUnavailable, PreconditionFailed
+from gateway.backend.base import (
+    AccessDeniedError,
+    BackendError,
+    BackendUnavailable,
+    PreconditionFailed,
+)
 from gateway.backend.memory import MemoryStore
 from gateway.clock import FakeClock
 from gateway.errors import (
+    AccessDenied,
     BadCookie,
     Busy,
+    IoError,
     NameTooLong,
     NotDirectory,
     NotFound,
@@ -468,6 +475,20 @@ async def test_listing_errors_are_mapped_and_retried():
     assert ns.stats.list_errors == 2
     assert (await ns.lookup("d", "a")).name == "a"
     store.fail = None
+
+
+async def test_failed_first_listing_reaches_every_waiter():
+    store, ns, _ = make(latency=0.005)
+    store.seed(f"{P}d/a")
+    store.fail = lambda op, key: AccessDeniedError(key)
+    got = await asyncio.gather(*(ns.lookup("d", "a") for _ in range(10)), return_exceptions=True)
+    assert all(isinstance(g, AccessDenied) for g in got)
+    assert store.requests == {"list": 1}
+    store.fail = lambda op, key: BackendError("io")
+    with pytest.raises(IoError):
+        await ns.readdir("d", 0, V0)
+    store.fail = None
+    assert len((await ns.readdir("d", 0, V0)).entries) == 1
 
 
 # -- budget ------------------------------------------------------------------------------------
