@@ -83,8 +83,9 @@ class MemoryStore:
     ``requests`` counts served requests per operation ("list", "head", "get", ...), failed ones
     included; ``log`` keeps ``(op, key_or_prefix)`` of each. ``latency_s`` (a float for every
     operation or a per-operation mapping) is awaited with ``asyncio.sleep`` before each request.
-    ``fail`` is called before each request and may return an exception to raise. ``seed`` adds
-    objects without counting a request.
+    Reads (list, head, get) see the bucket as it is when the request arrives and then
+    wait; writes wait, then apply. ``fail`` is called before each request and may return an
+    exception to raise. ``seed`` adds objects without counting a request.
     """
 
     def __init__(
@@ -145,16 +146,19 @@ class MemoryStore:
     # -- request plumbing --------------------------------------------------------------------
 
     async def _begin(self, op: str, key: str) -> None:
+        """Count the request and apply the failure hook (latency is ``_delay``'s)."""
         self.requests[op] += 1
         self.log.append((op, key))
-        lat = self.latency_s if isinstance(self.latency_s, float | int) else self.latency_s.get(op)
-        if lat:
-            await asyncio.sleep(lat)
         if self.fail is not None:
             exc = self.fail(op, key)
             if exc is not None:
                 self._observe(op, "error")
                 raise exc
+
+    async def _delay(self, op: str) -> None:
+        lat = self.latency_s if isinstance(self.latency_s, float | int) else self.latency_s.get(op)
+        if lat:
+            await asyncio.sleep(lat)
 
     def _observe(self, op: str, outcome: str) -> None:
         if self.observer is not None:
@@ -178,7 +182,21 @@ class MemoryStore:
         start_after: str | None = None,
         max_keys: int = 1000,
     ) -> ListPage:
+        # Reads see the bucket as it is when the request arrives; the latency is the response's.
         await self._begin("list", prefix)
+        try:
+            return self._list_now(prefix, delimiter, token, start_after, max_keys)
+        finally:
+            await self._delay("list")
+
+    def _list_now(
+        self,
+        prefix: str,
+        delimiter: str | None,
+        token: str | None,
+        start_after: str | None,
+        max_keys: int,
+    ) -> ListPage:
         if max_keys < 0 or max_keys > 1000:
             raise BackendError(f"invalid max_keys {max_keys}")
         prefix_b = _sort_key(prefix)
@@ -265,9 +283,12 @@ class MemoryStore:
 
     async def head(self, key: str) -> ObjectInfo:
         await self._begin("head", key)
-        obj = self._get_obj("head", key)
-        self._observe("head", "ok")
-        return obj.info(with_metadata=True)
+        try:
+            obj = self._get_obj("head", key)
+            self._observe("head", "ok")
+            return obj.info(with_metadata=True)
+        finally:
+            await self._delay("head")
 
     async def get(
         self,
@@ -278,23 +299,30 @@ class MemoryStore:
         if_match: str | None = None,
     ) -> GetResult:
         await self._begin("get", key)
-        obj = self._get_obj("get", key)
-        if if_match is not None and if_match != obj.etag:
-            self._observe("get", "precondition")
-            raise PreconditionFailed(key)
-        stop = len(obj.data) if end is None else min(end, len(obj.data))
-        self._observe("get", "ok")
-        return GetResult(obj.data[start:stop], obj.etag, len(obj.data), obj.mtime_ns, obj.metadata)
+        try:
+            obj = self._get_obj("get", key)
+            if if_match is not None and if_match != obj.etag:
+                self._observe("get", "precondition")
+                raise PreconditionFailed(key)
+            stop = len(obj.data) if end is None else min(end, len(obj.data))
+            self._observe("get", "ok")
+            return GetResult(
+                obj.data[start:stop], obj.etag, len(obj.data), obj.mtime_ns, dict(obj.metadata)
+            )
+        finally:
+            await self._delay("get")
 
     async def put(
         self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
     ) -> ObjectInfo:
         await self._begin("put", key)
+        await self._delay("put")
         self._observe("put", "ok")
         return self.seed(key, bytes(data), metadata=metadata)
 
     async def create_multipart(self, key: str, metadata: Mapping[str, str] | None = None) -> str:
         await self._begin("create_multipart", key)
+        await self._delay("create_multipart")
         upload_id = f"upload-{next(self._upload_ids)}"
         self._uploads[upload_id] = _Upload(key, dict(metadata or {}))
         self._observe("create_multipart", "ok")
@@ -309,6 +337,7 @@ class MemoryStore:
 
     async def upload_part(self, key: str, upload_id: str, part_no: int, data: bytes) -> str:
         await self._begin("upload_part", key)
+        await self._delay("upload_part")
         up = self._upload("upload_part", key, upload_id)
         etag = _etag(bytes(data))
         up.parts[part_no] = (etag, bytes(data))
@@ -319,6 +348,7 @@ class MemoryStore:
         self, key: str, upload_id: str, parts: list[tuple[int, str]]
     ) -> ObjectInfo:
         await self._begin("complete_multipart", key)
+        await self._delay("complete_multipart")
         up = self._upload("complete_multipart", key, upload_id)
         chunks: list[bytes] = []
         digests = b""
@@ -340,6 +370,7 @@ class MemoryStore:
 
     async def abort_multipart(self, key: str, upload_id: str) -> None:
         await self._begin("abort_multipart", key)
+        await self._delay("abort_multipart")
         self._uploads.pop(upload_id, None)
         self._observe("abort_multipart", "ok")
 
@@ -347,6 +378,7 @@ class MemoryStore:
         self, src: str, dst: str, metadata: Mapping[str, str] | None = None
     ) -> ObjectInfo:
         await self._begin("copy", src)
+        await self._delay("copy")
         obj = self._get_obj("copy", src)
         meta = dict(obj.metadata) if metadata is None else dict(metadata)
         self._observe("copy", "ok")
@@ -355,6 +387,7 @@ class MemoryStore:
     async def delete(self, key: str) -> None:
         # S3 DeleteObject of a missing key succeeds.
         await self._begin("delete", key)
+        await self._delay("delete")
         self._objects.pop(_sort_key(key), None)
         self._observe("delete", "ok")
 

@@ -590,7 +590,11 @@ class Namespace:
             self._background_relist(d)
         if d.view is not None and state != "expired":
             return d.view
-        await self._wait(self._start_listing(d))
+        while True:
+            lst = self._start_listing(d)
+            await self._wait(lst)
+            if not lst.invalid:  # else it predates an invalidate(): list again
+                break
         assert d.view is not None  # a listing that did not raise installed a view
         return d.view
 
@@ -821,6 +825,9 @@ class Namespace:
                 self.stats.negative_hits += 1
                 return None
             lst = self._start_listing(d)
+            if lst.invalid:  # predates an invalidate(): let it end, then list again
+                await self._wait(lst)
+                continue
             if name in lst.overrides:
                 self.stats.hits += 1
                 return lst.overrides[name]
@@ -837,7 +844,7 @@ class Namespace:
             assert lst.task is not None
             if lst.task.done():
                 await self._wait(lst)  # raises the listing's error, if any
-                waited = True
+                waited = not lst.invalid
 
     @staticmethod
     def _reached(last_seen: bytes, d: _Dir, name: str) -> bool:

@@ -680,6 +680,18 @@ async def test_invalidate_forces_relist():
     assert store.requests == {"list": 4}
 
 
+async def test_invalidate_during_listing_lists_again():
+    store, ns, _ = make(latency=0.01)
+    store.seed(f"{P}d/a")
+    t = asyncio.ensure_future(ns.lookup("d", "a"))
+    await asyncio.sleep(0.001)  # the first LIST is in flight and has read the bucket
+    store.seed(f"{P}d/b")
+    ns.invalidate("d/b")
+    assert (await ns.lookup("d", "b")).name == "b"
+    assert (await t).name == "a"
+    assert store.requests == {"list": 2}
+
+
 # -- hypothesis: the namespace against a dict model --------------------------------------------
 
 
