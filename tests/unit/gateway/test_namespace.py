@@ -553,6 +553,40 @@ async def test_readdir_cookies_paging_and_verifier():
     assert store.requests == {"list": 1}
 
 
+async def test_cookie_collisions_are_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.namespace.index as index
+
+    def weak(name: str, salt: int = 0) -> int:  # every name collides with many others
+        return FIRST_COOKIE + len(name) % 3 + 10 * salt
+
+    monkeypatch.setattr(index, "cookie_hash", weak)
+    store, ns, _ = make()
+    names = [f"{'x' * (i % 5)}{i:02d}" for i in range(30)]
+    for n in names:
+        store.seed(f"{P}d/{n}")
+    got = await readdir_all(ns, "d", page=4)
+    assert [e.name for _, e in got] == sorted(names)
+    assert len({c for c, _ in got}) == 30
+    cookie = next(c for c, e in got if e.name == "xx12")
+    ns.remove("d/xx12")
+    res = await ns.readdir("d", cookie, V0, 1)
+    assert res.entries[0][1].name == sorted(names)[sorted(names).index("xx12") + 1]
+
+
+async def test_removed_cookies_are_bounded():
+    store, ns, _ = make(removed_cookies_per_dir=3)
+    for i in range(10):
+        store.seed(f"{P}d/{i}")
+    got = await readdir_all(ns, "d")
+    for i in range(5):
+        ns.remove(f"d/{i}")
+    assert (await ns.readdir("d", got[4][0], V0)).entries[0][1].name == "5"
+    with pytest.raises(BadCookie):
+        await ns.readdir("d", got[0][0], V0)  # forgotten
+    ns.upsert(store.seed(f"{P}d/0"))
+    assert (await ns.readdir("d", got[0][0], V0)).entries[0][1].name == "5"
+
+
 async def test_cookies_survive_eviction():
     store, ns, _ = make(memory_bytes=8_000)
     for i in range(10):
