@@ -90,7 +90,13 @@ class Gateway:
         return export, entry
 
     def handle_for(self, export: Export, path: str) -> bytes:
+        """A handle for ``path`` (synchronous). A long path's handle is only durable after
+        ``persist_handles``: handlers that hand out handles await it before replying."""
         return self.handles.encode(export.id, path)
+
+    async def persist_handles(self) -> None:
+        if self.handles.needs_flush:
+            await self.handles.flush()
 
 
 def check_client(ctx: CallContext, export: Export) -> None:

@@ -24,9 +24,11 @@ async def lookup3(gw: Gateway, ctx: CallContext, args: Lookup3Args) -> Lookup3Re
         return Lookup3Res(NfsStat3.NFS3ERR_NOTDIR, dir_attributes=dir_attr)
     except GatewayError as e:
         return Lookup3Res(e.status, dir_attributes=dir_attr)
+    fh = gw.handle_for(export, child.path)
+    await gw.persist_handles()
     return Lookup3Res(
         NfsStat3.NFS3_OK,
-        object=gw.handle_for(export, child.path),
+        object=fh,
         obj_attributes=fattr(export, child),
         dir_attributes=dir_attr,
     )

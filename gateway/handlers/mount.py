@@ -50,7 +50,9 @@ async def mnt(gw: Gateway, ctx: CallContext, args: Mnt3Args) -> Mnt3Res:
         if len(gw.mounts) >= MAX_MOUNT_RECORDS:
             gw.mounts.pop(0)
         gw.mounts.append(m)
-    return Mnt3Res(MountStat3.MNT3_OK, gw.handle_for(export, rel), list(_FLAVORS))
+    fh = gw.handle_for(export, rel)
+    await gw.persist_handles()
+    return Mnt3Res(MountStat3.MNT3_OK, fh, list(_FLAVORS))
 
 
 async def dump(gw: Gateway, ctx: CallContext, args: None) -> list[MountBody]:

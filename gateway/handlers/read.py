@@ -30,9 +30,8 @@ async def read3(gw: Gateway, ctx: CallContext, args: Read3Args) -> Read3Res:
     except PreconditionFailed:
         # The object was replaced since it was listed: refresh its attributes and read the
         # new version (never bytes of two versions).
-        export.ns.invalidate(entry.path, subtree=False)
         try:
-            entry = await export.ns.getattr(entry.path)
+            entry = await export.ns.refresh(entry.path)  # one HEAD, not a re-list
         except NotFound:
             raise StaleHandle(entry.path) from None
         data, eof = await _read(gw, export, entry, args.offset, count)

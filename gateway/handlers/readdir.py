@@ -102,6 +102,7 @@ async def readdirplus3(gw: Gateway, ctx: CallContext, args: Readdirplus3Args) ->
         entries.append(Entryplus3(a.fileid, raw, cookie, a, fh))
     if not entries and not eof:
         raise TooSmall(f"maxcount {args.maxcount} too small for the next entry")
+    await gw.persist_handles()
     return Readdirplus3Res(NfsStat3.NFS3_OK, dattr, verf, entries, eof)
 
 
