@@ -209,6 +209,8 @@ class Server:
         if self._web is not None:
             await self._web.cleanup()
         if self.gateway is not None:
+            # Fetches still in flight (read-ahead) use the stores: stop them first.
+            await self.gateway.reader.close()
             for e in self.gateway.exports.values():
                 await e.ns.close()
                 await e.store.close()
