@@ -29,7 +29,10 @@ Decisions (DESIGN §3), and where this module had to choose:
 - **Prefetch.** The first lookup/getattr/readdir touching directory D lists D completely
   (``Delimiter='/'``, all pages) in one task; concurrent callers ``await asyncio.shield`` it.
   ``getattr(path)`` lists the parent of ``path``. A name the listing has already passed is
-  answered at once, even while later pages are still coming.
+  answered at once, even while later pages are still coming. ``NamespaceConfig.prefetch``
+  False (``nfsgw serve --no-prefetch``, for comparisons) turns this off for lookups: every
+  lookup/getattr of a name costs the targeted request of a huge directory (below), its answer
+  kept for one TTL, and never starts or uses a directory listing; READDIR still lists.
 - **Huge directories.** Once a listing has fetched more than ``huge_dir_pages`` pages and is
   still paging, a lookup of a name not reached yet costs one targeted LIST (prefix = D + name,
   delimiter '/', ``targeted_max_keys`` keys) that shows both the object ``name`` and the prefix
@@ -165,6 +168,7 @@ class NamespaceConfig:
     probes_per_dir: int = 4096
     dir_times_max: int = 100_000
     retry_after_error_s: float = 1.0
+    prefetch: bool = True  # False: lookups are targeted requests, never listings (comparisons)
 
 
 @dataclass(slots=True)
@@ -809,6 +813,8 @@ class Namespace:
 
     async def _lookup_in(self, d: _Dir, name: str) -> Entry | None:
         """``name`` in ``d``, or None when it is known to be absent."""
+        if not self.config.prefetch:
+            return await self._probe(d, name)
         waited = False
         while True:
             state = self._freshness(d)
