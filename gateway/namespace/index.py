@@ -726,6 +726,8 @@ class Namespace:
         if last > lst.last_seen:
             lst.last_seen = last
         lst.bytes += added_bytes
+        if skipped:
+            lst.marker_seen = True  # unpathable keys still prove the directory exists
         self.stats.skipped_keys += skipped
         self._account(added_bytes, added)
         self._wake(lst)

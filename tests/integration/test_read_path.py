@@ -219,11 +219,6 @@ def test_awkward_keys(gw: GatewayThread, nfs: LibNfs, dataset: Dataset) -> None:
         nfs.stat("/both/missing")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="namespace bug: a directory whose listing holds only skipped keys is taken for "
-    "gone (index.py _install: d.exists ignores skipped keys), so READDIR answers STALE",
-)
 def test_directory_of_only_unpathable_keys_lists_empty(gw: GatewayThread, nfs: LibNfs) -> None:
     """weird/a exists only through the key weird/a//b: its parent lists it as a directory, and
     its own listing holds nothing but the skipped prefix weird/a//: it must list as empty."""
