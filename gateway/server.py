@@ -94,6 +94,7 @@ class Server:
                     attr_ttl_s=ec.attr_ttl_s,
                     immutable=ec.immutable,
                     memory_bytes=per_export_meta,
+                    prefetch=c.prefetch,
                 ),
                 stats=ns_stats,
             )
