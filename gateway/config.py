@@ -134,6 +134,16 @@ class ServerConfig:
     uvloop: bool = True
     prefetch: bool = True  # directory metadata prefetch (off: HEAD/targeted lookups only)
     coalesce: bool = True  # whole-object reads + read-ahead (off: one ranged GET per READ)
+    # Write path (gateway.writes): staged WRITE data lives in spool_dir (default
+    # state_dir/spool) up to spool_bytes (past it: NFS3ERR_JUKEBOX); objects above
+    # write_part_size are multipart uploads of such parts (>= 5 MiB; 10,000 parts at most);
+    # staged data not written for write_flush_idle_s is committed without a COMMIT; RENAME
+    # of a directory copies at most rename_max_entries keys (else NFS3ERR_NOTSUPP).
+    spool_dir: Path | None = None
+    spool_bytes: int = 2 << 30
+    write_part_size: int = 8 << 20
+    write_flush_idle_s: float = 30.0
+    rename_max_entries: int = 1000
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
