@@ -63,6 +63,9 @@ Decisions (DESIGN §3), and where this module had to choose:
   entry exactly once.
 - **Mutations** (``upsert``, ``remove``, ``invalidate``) apply at once, also on top of a listing
   in flight (that listing's result cannot undo them), and bump the parent's generation and time.
+  A later re-list keeps an entry's metadata-derived attributes (mode, owner, mtime, symlink)
+  while the object's ETag and size are unchanged (``_keep_metadata``): a metadata-only change
+  made elsewhere (a copy in place keeps the ETag) shows only after a HEAD (``refresh``).
   ``upsert`` also makes every cached ancestor show the path's directories. ``remove`` of the
   last object under an implicit directory (no marker) leaves that directory shown until its
   parent is listed again; whether to write a marker is the write path's decision.
@@ -754,8 +757,10 @@ class Namespace:
                 if not had:
                     lst.bytes += _entry_bytes(name, path)
                     self._account(_entry_bytes(name, path), 1)
-        new: SortedDict[str, Entry] = SortedDict(new_entries)
         old = d.view
+        if old is not None:
+            self._keep_metadata(old, new_entries, lst.overrides)
+        new: SortedDict[str, Entry] = SortedDict(new_entries)
         changed = old is None
         if old is not None:
             changed = self._merge_cookies(d, old, new)
@@ -786,6 +791,30 @@ class Namespace:
             self.stats.truncated_dirs += 1
             log.warning("dir_truncated", dir=d.path, pages=lst.pages, entries=len(new))
         self._evict()
+
+    @staticmethod
+    def _keep_metadata(
+        old: Mapping[str, Entry], new: dict[str, Entry], overrides: Mapping[str, Entry | None]
+    ) -> None:
+        """Listings carry no object metadata: an object whose version is unchanged (same
+        ETag and size) keeps the entry a HEAD or an ``upsert`` gave it, so a re-list does not
+        turn a symlink back into a file or a chmod back into the export's default."""
+        for name, e in new.items():
+            if e.kind is not EntryKind.FILE or name in overrides:
+                continue
+            o = old.get(name)
+            if (
+                o is not None
+                and o is not e
+                and o.kind is not EntryKind.DIR
+                and o.etag == e.etag
+                and o.size == e.size
+                and e.mode is None
+                and e.uid is None
+                and e.gid is None
+                and e.symlink_target is None
+            ):
+                new[name] = o
 
     def _merge_cookies(
         self, d: _Dir, old: SortedDict[str, Entry], new: Mapping[str, Entry]
