@@ -1,22 +1,45 @@
-"""``nfsgw`` command line: ``nfsgw serve ...``."""
+"""``nfsgw`` command line.
+
+- ``nfsgw serve [--config FILE] [flags]``: run the gateway. The file (``--config``, else
+  ``$NFSGW_CONFIG``, else ``/etc/nfsgw/nfsgw.toml`` when it exists) is read first; flags given
+  on the command line win over it (``--export`` adds an export or replaces the file's export
+  with the same path; ``--read-only``, ``--attr-ttl`` and ``--immutable`` apply to every
+  export).
+- ``nfsgw check-config [--config FILE] [flags]``: report every error and warning with its
+  location and a fix; exit 0 when there is no error, 1 otherwise.
+- ``nfsgw stats``, ``nfsgw warmup PATH``, ``nfsgw invalidate PATH``, ``nfsgw reload``: call
+  the admin API of a running gateway (its address and token from ``--admin-url`` /
+  ``--token-file`` or the config file).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway import logs
 from gateway.config import (
+    DEFAULT_ADMIN_LISTEN,
     ConfigError,
-    ExportConfig,
-    S3Config,
+    ConfigErrors,
+    Overrides,
     ServerConfig,
+    check_config,
     default_cache_memory,
-    parse_export,
+    find_config_path,
+    load_config,
     parse_size,
+    split_listen,
 )
 
 
@@ -25,6 +48,164 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+# flag dest -> (table, key)
+_SECTION_FLAGS: dict[str, tuple[str, str]] = {
+    "listen": ("server", "listen"),
+    "port": ("server", "port"),
+    "portmap_port": ("server", "portmap_port"),
+    "state_dir": ("server", "state_dir"),
+    "cache_dir": ("server", "cache_dir"),
+    "max_inflight": ("server", "max_inflight_per_conn"),
+    "max_record": ("server", "max_record"),
+    "max_connections": ("server", "max_connections"),
+    "drain_timeout": ("server", "drain_timeout_s"),
+    "s3_endpoint_url": ("s3", "endpoint_url"),
+    "s3_region": ("s3", "region"),
+    "s3_addressing_style": ("s3", "addressing_style"),
+    "s3_profile": ("s3", "profile"),
+    "s3_max_connections": ("s3", "max_connections"),
+    "cache_memory": ("cache", "memory"),
+    "metadata_memory": ("cache", "metadata_memory"),
+    "small_file_max": ("cache", "small_file_max"),
+    "block_size": ("cache", "block_size"),
+    "max_readahead": ("cache", "max_readahead"),
+    "admin_listen": ("admin", "listen"),
+    "admin_token_file": ("admin", "token_file"),
+    "log_level": ("log", "level"),
+    "log_format": ("log", "format"),
+}
+_PATH_FLAGS = frozenset({"state_dir", "cache_dir", "admin_token_file"})
+# store_false-like switches: dest -> (table, key, value when given)
+_SWITCHES: dict[str, tuple[str, str, bool]] = {
+    "no_prefetch": ("cache", "prefetch", False),
+    "no_coalesce": ("cache", "coalesce", False),
+    "no_uvloop": ("server", "uvloop", False),
+}
+
+
+def _add_config_flags(s: argparse.ArgumentParser) -> None:
+    """Flags shared by ``serve`` and ``check-config``. Defaults are None: only flags given on
+    the command line override the file; the defaults shown are the file's."""
+    s.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML configuration (default: $NFSGW_CONFIG, else /etc/nfsgw/nfsgw.toml if it exists)",
+    )
+    g = s.add_argument_group("server")
+    g.add_argument("--listen", help="address to listen on (default 127.0.0.1)")
+    g.add_argument(
+        "--port", type=int, help="TCP port for NFS, MOUNT and PORTMAP (default 2049; 0 = any)"
+    )
+    g.add_argument(
+        "--portmap-port",
+        type=int,
+        help="also answer PORTMAP on this port (111); if a system rpcbind owns it, register "
+        "our programs there instead",
+    )
+    g.add_argument(
+        "--state-dir", help="handle secret and long-handle map live here (default /var/lib/nfsgw)"
+    )
+    g.add_argument("--cache-dir", help="local cache directory (e.g. /var/cache/nfsgw)")
+    g.add_argument(
+        "--max-inflight", type=int, help="calls in flight per connection before it stops reading"
+    )
+    g.add_argument(
+        "--max-record", type=_size, help="largest RPC record; larger ones close the connection"
+    )
+    g.add_argument("--max-connections", type=int, help="client connections (default 1024)")
+    g.add_argument(
+        "--drain-timeout",
+        type=float,
+        help="seconds in-flight calls get to finish at shutdown (default 10)",
+    )
+    g.add_argument("--no-uvloop", action="store_true", default=None, help="use the asyncio loop")
+    e = s.add_argument_group("exports")
+    e.add_argument(
+        "--export",
+        action="append",
+        metavar="/PATH=URL",
+        help="export PATH backed by s3://BUCKET/PREFIX or file:///DIR; repeatable; replaces a "
+        "file export with the same path",
+    )
+    e.add_argument(
+        "--read-only", action="store_true", default=None, help="make every export read-only"
+    )
+    e.add_argument(
+        "--attr-ttl",
+        type=float,
+        help="seconds before a listed directory is re-listed, for every export (default 60)",
+    )
+    e.add_argument(
+        "--immutable",
+        action="store_true",
+        default=None,
+        help="the bucket never changes under the gateway: listings never expire (every export)",
+    )
+    b = s.add_argument_group("S3")
+    b.add_argument("--s3-endpoint-url", help="S3 endpoint (default: AWS for the region)")
+    b.add_argument("--s3-region", help="S3 region used for signing (default us-east-1)")
+    b.add_argument(
+        "--s3-addressing-style",
+        choices=["auto", "path", "virtual"],
+        help="bucket addressing (auto: path with an endpoint URL)",
+    )
+    b.add_argument("--s3-profile", help="AWS shared-config profile for credentials")
+    b.add_argument("--s3-max-connections", type=int, help="concurrent backend connections")
+    c = s.add_argument_group("caches")
+    c.add_argument(
+        "--cache-memory",
+        type=_size,
+        help=f"data cache budget, e.g. 8G (default: a quarter of RAM, here "
+        f"{default_cache_memory() >> 20} MiB)",
+    )
+    c.add_argument(
+        "--metadata-memory", type=_size, help="directory index budget across exports (256M)"
+    )
+    c.add_argument(
+        "--small-file-max", type=_size, help="objects up to this size are fetched whole (4M)"
+    )
+    c.add_argument("--block-size", type=_size, help="read block of larger objects (1M)")
+    c.add_argument("--max-readahead", type=_size, help="largest read-ahead window (32M)")
+    c.add_argument(
+        "--no-prefetch",
+        action="store_true",
+        default=None,
+        help="disable directory metadata prefetch (for comparisons)",
+    )
+    c.add_argument(
+        "--no-coalesce",
+        action="store_true",
+        default=None,
+        help="disable whole-object reads and read-ahead (for comparisons)",
+    )
+    a = s.add_argument_group("admin API and logs")
+    a.add_argument(
+        "--admin-listen",
+        "--metrics-listen",
+        dest="admin_listen",
+        metavar="HOST:PORT",
+        help='serve /metrics, /healthz, /readyz and /v1/* here, e.g. 127.0.0.1:9426 ("" = '
+        "off; default: on at 127.0.0.1:9426 with a config file, off without)",
+    )
+    a.add_argument("--admin-token-file", help="require this bearer token on the admin API")
+    a.add_argument("--log-level", choices=logs.LEVELS, help="default info")
+    a.add_argument(
+        "--log-format",
+        choices=["auto", "json", "console"],
+        help="auto (default): console on a TTY, JSON otherwise",
+    )
+
+
+def _add_client_flags(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--config", metavar="FILE", help="read the admin address and token from it")
+    s.add_argument(
+        "--admin-url",
+        help=f"the gateway's admin API (default: from the config, else "
+        f"http://{DEFAULT_ADMIN_LISTEN})",
+    )
+    s.add_argument("--token-file", help="bearer token for the admin API")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,193 +217,303 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser(
-        "serve",
-        help="serve exports over NFSv3 + MOUNTv3 (+ a PORTMAP responder) on one TCP port",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "serve", help="serve exports over NFSv3 + MOUNTv3 (+ a PORTMAP responder) on one TCP port"
     )
-    s.add_argument("--listen", default="127.0.0.1", help="address to listen on")
-    s.add_argument(
-        "--port",
-        type=int,
-        default=2049,
-        help="TCP port for NFS, MOUNT and PORTMAP (0 = any free port)",
+    _add_config_flags(s)
+    cc = sub.add_parser(
+        "check-config",
+        help="check a configuration: every error with its location and a fix (exit 1 on errors)",
     )
-    s.add_argument(
-        "--export",
-        action="append",
-        required=True,
-        metavar="/PATH=URL",
-        help="export PATH backed by s3://BUCKET/PREFIX or file:///DIR; repeatable",
+    _add_config_flags(cc)
+    cc.add_argument("--quiet", action="store_true", help="print errors only")
+    st = sub.add_parser("stats", help="print a running gateway's statistics")
+    _add_client_flags(st)
+    st.add_argument("--json", action="store_true", help="the raw JSON of GET /v1/stats")
+    w = sub.add_parser(
+        "warmup", help="prefetch the metadata (and with --data the contents) of a subtree"
     )
-    s.add_argument("--read-only", action="store_true", help="make every export read-only")
-    s.add_argument("--s3-endpoint-url", help="S3 endpoint (default: AWS for the region)")
-    s.add_argument("--s3-region", default="us-east-1", help="S3 region used for signing")
-    s.add_argument(
-        "--s3-addressing-style",
-        choices=["auto", "path", "virtual"],
-        default="auto",
-        help="bucket addressing (auto: path with an endpoint URL)",
-    )
-    s.add_argument("--s3-profile", help="AWS shared-config profile for credentials")
-    s.add_argument(
-        "--s3-max-connections", type=int, default=64, help="concurrent backend connections"
-    )
-    s.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path("/var/lib/nfsgw"),
-        help="handle secret and long-handle map live here",
-    )
-    s.add_argument(
-        "--cache-memory",
-        type=_size,
-        default=None,
-        help="data cache budget, e.g. 8G (default: a quarter of RAM, "
-        f"here {default_cache_memory() >> 20} MiB)",
-    )
-    s.add_argument(
-        "--metadata-memory",
-        type=_size,
-        default=256 << 20,
-        help="directory index budget across exports",
-    )
-    s.add_argument(
-        "--small-file-max",
-        type=_size,
-        default=4 << 20,
-        help="objects up to this size are fetched whole on first READ",
-    )
-    s.add_argument("--block-size", type=_size, default=1 << 20, help="read block of larger objects")
-    s.add_argument(
-        "--max-readahead",
-        type=_size,
-        default=32 << 20,
-        help="largest read-ahead window on sequential reads",
-    )
-    s.add_argument(
-        "--attr-ttl",
-        type=float,
-        default=60.0,
-        help="seconds before a listed directory is re-listed (in the background)",
-    )
-    s.add_argument(
-        "--immutable",
-        action="store_true",
-        help="the bucket never changes under the gateway: listings never expire",
-    )
-    s.add_argument(
-        "--no-prefetch",
-        action="store_true",
-        help="disable directory metadata prefetch (for comparisons)",
-    )
-    s.add_argument(
-        "--no-coalesce",
-        action="store_true",
-        help="disable whole-object reads and read-ahead (for comparisons)",
-    )
-    s.add_argument(
-        "--portmap-port",
-        type=int,
-        default=None,
-        help="also answer PORTMAP on this port (111); if a system rpcbind owns "
-        "it, register our programs there instead",
-    )
-    s.add_argument(
-        "--metrics-listen",
-        default=None,
-        metavar="HOST:PORT",
-        help="serve /metrics and /healthz here, e.g. 127.0.0.1:9426",
-    )
-    s.add_argument(
-        "--max-inflight",
-        type=int,
-        default=64,
-        help="calls in flight per connection before it stops reading",
-    )
-    s.add_argument(
-        "--max-record",
-        type=_size,
-        default=4 * 1024 * 1024 + 64 * 1024,
-        help="largest RPC record accepted; larger ones close the connection",
-    )
-    s.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
-    s.add_argument("--log-level", default="info", help="debug, info, warning, error")
-    s.add_argument(
-        "--log-format",
-        choices=["auto", "json", "console"],
-        default="auto",
-        help="auto: console on a TTY, JSON otherwise",
-    )
+    _add_client_flags(w)
+    w.add_argument("path", help="/EXPORT/DIR to warm")
+    w.add_argument("--data", action="store_true", help="also read every file into the cache")
+    w.add_argument("--concurrency", type=int, default=8, help="backend requests at once")
+    w.add_argument("--no-wait", action="store_true", help="start the job and return")
+    inv = sub.add_parser("invalidate", help="make the gateway forget cached metadata of a path")
+    _add_client_flags(inv)
+    inv.add_argument("path", help="/EXPORT/PATH")
+    inv.add_argument("--subtree", action="store_true", help="everything under the path too")
+    rl = sub.add_parser("reload", help="re-read the configuration (like SIGHUP)")
+    _add_client_flags(rl)
     return p
 
 
+def overrides_from_args(a: argparse.Namespace) -> Overrides:
+    sections: dict[tuple[str, str], tuple[object, str]] = {}
+    for dest, section_key in _SECTION_FLAGS.items():
+        v = getattr(a, dest, None)
+        if v is not None:
+            if dest in _PATH_FLAGS and v:
+                v = os.path.abspath(v)  # relative to where the command runs
+            sections[section_key] = (v, "--" + dest.replace("_", "-"))
+    for dest, (table, key, value) in _SWITCHES.items():
+        if getattr(a, dest, None):
+            sections[(table, key)] = (value, "--" + dest.replace("_", "-"))
+    every: dict[str, tuple[object, str]] = {}
+    if a.read_only:
+        every["read_only"] = (True, "--read-only")
+    if a.immutable:
+        every["immutable"] = (True, "--immutable")
+    if a.attr_ttl is not None:
+        every["attr_ttl_s"] = (a.attr_ttl, "--attr-ttl")
+    return Overrides(sections, tuple(a.export or ()), every)
+
+
 def config_from_args(a: argparse.Namespace) -> ServerConfig:
-    exports: list[ExportConfig] = []
-    for spec in a.export:
-        e = parse_export(spec, read_only=a.read_only)
-        exports.append(
-            ExportConfig(
-                path=e.path,
-                backend=e.backend,
-                read_only=e.read_only,
-                attr_ttl_s=a.attr_ttl,
-                immutable=a.immutable,
-            )
+    """The configuration ``serve`` would run with (raises ``ConfigErrors``)."""
+    return load_config(find_config_path(a.config), overrides_from_args(a))[0]
+
+
+async def _serve(config: ServerConfig, a: argparse.Namespace) -> int:
+    from gateway.server import Server
+    from gateway.systemd import Notifier
+
+    path = find_config_path(a.config)
+    ov = overrides_from_args(a)
+
+    def loader() -> ServerConfig:
+        return load_config(path, ov)[0]
+
+    server = Server(config, notifier=Notifier(), config_loader=loader)
+    try:
+        await server.start()
+    except OSError as e:  # a port in use, a directory we may not create
+        import structlog
+
+        structlog.get_logger("gateway.cli").error("start_failed", error=str(e))
+        await server.stop(drain_timeout_s=0)
+        return 1
+    except BaseException:
+        await server.stop(drain_timeout_s=0)
+        raise
+    return await server.run_until_signalled()
+
+
+def _print_issues(issues: Sequence[Any], quiet: bool = False) -> None:
+    for i in issues:
+        if quiet and i.severity != "error":
+            continue
+        print(i.format(), file=sys.stderr)
+
+
+def _check(a: argparse.Namespace) -> int:
+    path = find_config_path(a.config)
+    r = check_config(path, overrides_from_args(a))
+    _print_issues(r.issues, a.quiet)
+    if r.config is None:
+        n = len(r.errors)
+        print(f"nfsgw: {n} error{'s' if n != 1 else ''} in the configuration", file=sys.stderr)
+        return 1
+    if not a.quiet:
+        c = r.config
+        src = str(path) if path else "command line"
+        print(
+            f"{src}: OK: {len(c.exports)} export{'s' if len(c.exports) != 1 else ''} "
+            f"({', '.join(e.path for e in c.exports)}) on {c.listen}:{c.port}; admin API "
+            f"{c.admin_listen or 'off'}; {len(r.warnings)} warning"
+            f"{'s' if len(r.warnings) != 1 else ''}"
         )
-    return ServerConfig(
-        listen=a.listen,
-        port=a.port,
-        portmap_port=a.portmap_port,
-        state_dir=a.state_dir,
-        exports=tuple(exports),
-        s3=S3Config(
-            endpoint_url=a.s3_endpoint_url,
-            region=a.s3_region,
-            addressing_style=a.s3_addressing_style,
-            profile=a.s3_profile,
-            max_connections=a.s3_max_connections,
-        ),
-        cache_memory=a.cache_memory if a.cache_memory is not None else default_cache_memory(),
-        metadata_memory=a.metadata_memory,
-        small_file_max=a.small_file_max,
-        block_size=a.block_size,
-        max_readahead=a.max_readahead,
-        max_inflight_per_conn=a.max_inflight,
-        max_record=a.max_record,
-        metrics_listen=a.metrics_listen,
-        uvloop=not a.no_uvloop,
-        prefetch=not a.no_prefetch,
-        coalesce=not a.no_coalesce,
+    return 0
+
+
+def _serve_main(a: argparse.Namespace) -> int:
+    try:
+        config, warnings = load_config(find_config_path(a.config), overrides_from_args(a))
+    except ConfigErrors as e:
+        _print_issues(e.issues)
+        print("nfsgw: not starting (nfsgw check-config shows the same)", file=sys.stderr)
+        return 2
+    fmt = config.log.format
+    logs.configure(config.log.level, None if fmt == "auto" else fmt == "json")
+    if warnings:
+        import structlog
+
+        for w in warnings:
+            structlog.get_logger("gateway.config").warning(
+                "config_warning", where=w.where, location=w.location, message=w.message
+            )
+    if config.uvloop:
+        try:
+            import uvloop
+
+            return int(uvloop.run(_serve(config, a)))
+        except ImportError:
+            pass
+    return asyncio.run(_serve(config, a))
+
+
+# ---------------------------------------------------------------------------- admin clients
+
+
+def _admin(a: argparse.Namespace) -> tuple[str, str | None]:
+    """(base URL, token) for the client commands."""
+    url = a.admin_url
+    token_file = a.token_file
+    path = find_config_path(a.config)
+    if path is not None and (url is None or token_file is None):
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8")).get("admin", {})
+        except (OSError, tomllib.TOMLDecodeError):
+            raw = {}
+        if url is None and isinstance(raw.get("listen"), str) and raw["listen"]:
+            host, port = split_listen(raw["listen"])
+            host = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        if token_file is None and isinstance(raw.get("token_file"), str):
+            token_file = raw["token_file"]
+    url = (url or f"http://{DEFAULT_ADMIN_LISTEN}").rstrip("/")
+    if not url.startswith("http"):
+        url = "http://" + url
+    token = os.environ.get("NFSGW_ADMIN_TOKEN")
+    if token_file:
+        token = Path(token_file).read_text(encoding="utf-8").strip()
+    return url, token
+
+
+def _call(
+    a: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None
+) -> tuple[int, Any]:
+    base, token = _admin(a)
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read() or b"null")
+        except ValueError:
+            return e.code, {"error": e.reason}
+    except (urllib.error.URLError, OSError) as e:
+        raise SystemExit(f"nfsgw: cannot reach the admin API at {base}: {e}") from None
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _stats(a: argparse.Namespace) -> int:
+    code, s = _call(a, "GET", "/v1/stats")
+    if code != 200:
+        print(f"nfsgw: {code}: {s}", file=sys.stderr)
+        return 1
+    if a.json:
+        print(json.dumps(s, indent=2, sort_keys=True))
+        return 0
+    dc, md = s["data_cache"], s["metadata"]
+    out = [
+        f"nfsgw {s['version']}, up {s['uptime_s']:.0f} s, port {s['port']}, "
+        f"{'ready' if s['ready'] else 'not ready'}",
+        f"connections: {s['connections']['open']} open, {s['connections']['opened']} opened, "
+        f"{s['connections']['refused']} refused; calls in flight: {s['rpc']['inflight']}",
+        f"RPC calls: {s['rpc']['calls_total']}; network in {_human(s['network']['received_bytes'])}"
+        f", out {_human(s['network']['sent_bytes'])}",
+        f"files opened: {s['files_opened']}; backend requests: {s['backend']['requests_total']} "
+        f"({s['backend_requests_per_file_opened']} per file opened)",
+    ]
+    for op, outcomes in sorted(s["backend"]["requests"].items()):
+        out.append(f"  {op:<20} " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+    out.append(
+        f"data cache: {_human(dc.get('cache_bytes', 0))} of {_human(dc['budget_bytes'])}, "
+        f"hits {dc.get('hits', 0)}, misses {dc.get('misses', 0)} (hit ratio {dc['hit_ratio']}), "
+        f"evictions {dc.get('evictions', 0)}, read-ahead blocks {dc.get('readahead_blocks', 0)}"
+    )
+    out.append(
+        f"metadata: {md.get('dirs', 0)} dirs, {md.get('entries', 0)} entries, "
+        f"{_human(md.get('bytes', 0))}; hits {md.get('hits', 0)}, negative "
+        f"{md.get('negative_hits', 0)}, listings {md.get('prefetches', 0)} (+{md.get('relists', 0)}"
+        f" re-lists), evictions {md.get('evictions', 0)}"
+    )
+    for e in s["exports"]:
+        out.append(
+            f"export {e['path']} <- {e['backend']} ({'ro' if e['read_only'] else 'rw'}, "
+            f"squash {e['squash']}, clients {', '.join(e['clients'])})"
+        )
+    for j in s["warmups"]:
+        out.append(_job_line(j))
+    print("\n".join(out))
+    return 0
+
+
+def _job_line(j: dict[str, Any]) -> str:
+    data = f", {j['files_read']} files / {_human(j['bytes_read'])} read" if j["data"] else ""
+    err = f", error: {j['error']}" if j.get("error") else ""
+    return (
+        f"warmup #{j['id']} {j['path']}: {j['state']}, {j['dirs_listed']} dirs, "
+        f"{j['files_seen']} files ({_human(j['bytes_seen'])}){data}, {j['errors']} errors, "
+        f"{j['elapsed_s']:.1f} s{err}"
     )
 
 
-async def _serve(config: ServerConfig) -> None:
-    from gateway.server import Server
+def _warmup(a: argparse.Namespace) -> int:
+    body = {"path": a.path, "data": a.data, "concurrency": a.concurrency}
+    code, job = _call(a, "POST", "/v1/warmup", body)
+    if code not in (200, 202):
+        print(
+            f"nfsgw: warmup refused ({code}): {job.get('error') if job else job}", file=sys.stderr
+        )
+        return 1
+    print(_job_line(job))
+    if a.no_wait:
+        return 0
+    while job["state"] == "running":
+        time.sleep(1.0)
+        code, job = _call(a, "GET", f"/v1/warmup/{job['id']}")
+        if code != 200:
+            print(f"nfsgw: lost the warm-up ({code})", file=sys.stderr)
+            return 1
+        print(_job_line(job))
+    return 0 if job["state"] == "done" else 1
 
-    server = Server(config)
-    await server.start()
-    await server.run_until_signalled()
+
+def _invalidate(a: argparse.Namespace) -> int:
+    code, r = _call(a, "POST", "/v1/invalidate", {"path": a.path, "subtree": a.subtree})
+    print(json.dumps(r))
+    return 0 if code == 200 else 1
+
+
+def _reload(a: argparse.Namespace) -> int:
+    code, r = _call(a, "POST", "/v1/reload")
+    if code == 200:
+        print("reloaded")
+        return 0
+    for e in (r or {}).get("errors", []):
+        print(e, file=sys.stderr)
+    print("nfsgw: reload failed; the gateway keeps its running configuration", file=sys.stderr)
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    if a.command == "serve":
-        try:
-            config = config_from_args(a)
-        except ConfigError as e:
-            print(f"nfsgw: {e}", file=sys.stderr)
-            return 2
-        logs.configure(a.log_level, None if a.log_format == "auto" else a.log_format == "json")
-        if config.uvloop:
-            try:
-                import uvloop
-
-                uvloop.run(_serve(config))
-                return 0
-            except ImportError:
-                pass
-        asyncio.run(_serve(config))
-        return 0
+    cmd = a.command
+    if cmd == "serve":
+        return _serve_main(a)
+    if cmd == "check-config":
+        return _check(a)
+    if cmd == "stats":
+        return _stats(a)
+    if cmd == "warmup":
+        return _warmup(a)
+    if cmd == "invalidate":
+        return _invalidate(a)
+    if cmd == "reload":
+        return _reload(a)
     return 2
 
 

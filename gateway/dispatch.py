@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import structlog
+from structlog.contextvars import bind_contextvars
 
 from gateway.backend.base import BackendError
 from gateway.errors import GatewayError, ServerFault, from_backend
@@ -31,8 +32,9 @@ R = TypeVar("R")
 
 @dataclass(slots=True)
 class CallContext:
-    """Who is calling. ``uid``/``gid``/``gids`` are the raw AUTH_SYS values (AUTH_NONE maps to
-    nobody); export squashing is applied by the handlers' export check."""
+    """Who is calling. ``uid``/``gid``/``gids`` start as the raw AUTH_SYS values (AUTH_NONE
+    maps to nobody); ``Gateway.resolve`` maps them by the export's squash rule and sets
+    ``export_id`` to the export whose rule applied."""
 
     xid: int
     prog: int
@@ -44,6 +46,7 @@ class CallContext:
     gid: int = 65534
     gids: tuple[int, ...] = ()
     machinename: bytes = b""
+    export_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +156,9 @@ class Dispatcher:
         self, w: Writer, ctx: CallContext, prog: Program, proc: Procedure[Any, Any], args: Any
     ) -> list[Buffer]:
         name = f"{prog.name}.{proc.name}"
+        # Every log line below this call (handlers, namespace, backend) carries these; each
+        # call runs in its own task, so the binding ends with it (STYLE §6).
+        bind_contextvars(xid=ctx.xid, proc=name, client=ctx.peer.host)
         t0 = time.perf_counter()
         status = "ok"
         try:

@@ -59,6 +59,12 @@ class AccessDenied(GatewayError):
     status = NfsStat3.NFS3ERR_ACCES
 
 
+class CrossDevice(GatewayError):
+    """Two handles of different exports in one call (RENAME, LINK)."""
+
+    status = NfsStat3.NFS3ERR_XDEV
+
+
 class PermissionDenied(GatewayError):
     status = NfsStat3.NFS3ERR_PERM
 

@@ -1,19 +1,38 @@
 """structlog set-up, once per process: JSON lines to stdout (journald) or a readable console
-on a TTY. One line per error, per connection open/close and per prefetch; never one per
-successful RPC (STYLE §6)."""
+on a TTY (STYLE §6).
+
+Owns: the processor chain and where lines go. One line per error, per connection open/close,
+per directory prefetch and per warm-up; never one per successful RPC. ``dispatch`` binds
+``xid``, ``proc`` and ``client`` per call with ``bind_contextvars`` (each call runs in its own
+task), so any line logged while serving a call, in any layer, carries them;
+``merge_contextvars`` here puts them in. Standard-library records (botocore, aiohttp, asyncio)
+go through the same renderer via ``ProcessorFormatter``.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
 
+LEVELS = ("debug", "info", "warning", "error")
 
-def configure(level: str = "info", json: bool | None = None) -> None:
+
+def configure(
+    level: str = "info",
+    json: bool | None = None,
+    *,
+    stream: TextIO | None = None,
+    cache: bool = True,
+) -> None:
+    """``json`` None: JSON unless ``stream`` is a TTY. ``cache=False`` for tests that
+    reconfigure (cached loggers keep the configuration they were first used with)."""
+    out = stream if stream is not None else sys.stdout
     lvl = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     if json is None:
-        json = not sys.stdout.isatty()
+        json = not out.isatty()
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -28,11 +47,11 @@ def configure(level: str = "info", json: bool | None = None) -> None:
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
-        cache_logger_on_first_use=True,
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=cache,
     )
     # botocore/aiohttp records through the standard library, rendered the same way.
-    handler = logging.StreamHandler(sys.stdout)
+    handler = logging.StreamHandler(out)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],

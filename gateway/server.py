@@ -1,28 +1,43 @@
-"""Wiring: configuration -> stores, namespaces, data reader, dispatcher, listeners; signals and
-graceful shutdown; the /metrics and /healthz endpoint.
+"""Wiring: configuration -> stores, namespaces, data reader, dispatcher, listeners; the admin
+API (``gateway.admin``); signals, reload and graceful shutdown; systemd notifications.
 
-Owns: the life cycle of one gateway process. Must not: contain protocol or cache logic.
+Owns: the life cycle of one gateway process:
+
+- ``start``: state and cache directories, handle secret, data cache, one store + namespace per
+  export, the NFS/MOUNT/PORTMAP listener(s), the admin API, then ``READY=1``.
+- ``reload`` (SIGHUP, ``POST /v1/reload``): re-reads the configuration file off the loop; a bad
+  file keeps the running configuration and logs every error. Exports are added, removed or
+  changed without dropping connections: a change of clients, squash, ids, modes or
+  read-only applies to the next call and keeps the export's caches; a change of backend,
+  ``attr_ttl_s`` or ``immutable`` gives the export a fresh store and index (handles stay valid:
+  they carry the export path's id). Settings that need a restart are logged, not applied.
+- ``stop`` (SIGTERM/SIGINT): ``STOPPING=1``, stop accepting, let in-flight calls finish for up
+  to ``drain_timeout_s``, abort what is left, close caches, stores and the admin API. The
+  process then exits 0.
+
+Must not: contain protocol or cache logic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway import pmap_client
 from gateway.backend import open_store, parse_store_url
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.clock import Clock, SystemClock
-from gateway.config import ExportConfig, ServerConfig
+from gateway.config import ConfigErrors, ExportConfig, ServerConfig, load_config
 from gateway.core import Export, Gateway, export_id_for
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
 from gateway.dispatch import Dispatcher
@@ -30,10 +45,69 @@ from gateway.handlers import register_all
 from gateway.metrics import Metrics
 from gateway.namespace.handles import HandleCodec, load_or_create_secret
 from gateway.namespace.index import Namespace, NamespaceConfig, NamespaceStats
+from gateway.systemd import Notifier
 from gateway.transport import ConnectionStats, RpcConnection, TransportLimits
 from nfsproto import mount3, nfs3, portmap
 
+if TYPE_CHECKING:
+    from gateway.admin import AdminApi, Warmups
+
 log = structlog.get_logger(__name__)
+
+# Settings a reload cannot change in a running process (listeners, budgets, the handle secret).
+RESTART_ONLY = (
+    "listen",
+    "port",
+    "portmap_port",
+    "state_dir",
+    "cache_dir",
+    "s3",
+    "cache_memory",
+    "metadata_memory",
+    "small_file_max",
+    "block_size",
+    "max_readahead",
+    "max_inflight_per_conn",
+    "max_record",
+    "rsize",
+    "wsize",
+    "uvloop",
+    "prefetch",
+    "coalesce",
+    "log",
+)
+# Series created at start-up (rates start from 0): the read path.
+PREPARED_PROCS = (
+    "MOUNT3.MNT",
+    *(
+        f"NFS3.{p}"
+        for p in (
+            "GETATTR",
+            "LOOKUP",
+            "ACCESS",
+            "READLINK",
+            "READ",
+            "READDIR",
+            "READDIRPLUS",
+            "FSSTAT",
+            "FSINFO",
+            "PATHCONF",
+        )
+    ),
+)
+# Export settings whose change needs a fresh store and index.
+_REBUILD = ("backend", "attr_ttl_s", "immutable")
+_NS_GAUGES = ("entries", "bytes", "dirs")
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over ``max_connections``: closed at once."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+ConfigLoader = Callable[[], ServerConfig]
 
 
 class Server:
@@ -43,28 +117,46 @@ class Server:
         *,
         clock: Clock | None = None,
         store_factory: Callable[[ExportConfig, RequestObserver], ObjectStore] | None = None,
+        notifier: Notifier | None = None,
+        config_loader: ConfigLoader | None = None,
     ) -> None:
         self.config = config
         self.store_factory = store_factory
         self.clock = clock or SystemClock()
+        # Off unless given: in-process servers (tests) must not talk to a real manager.
+        self.notifier = notifier or Notifier({})
+        self.config_loader = config_loader
         self.metrics = Metrics()
         self.dispatcher = Dispatcher(self.metrics)
         self.conn_stats = ConnectionStats()
         self.connections: set[RpcConnection] = set()
         self._servers: list[asyncio.Server] = []
-        self._web: web.AppRunner | None = None
         self._registered_with_rpcbind = False
         self.gateway: Gateway | None = None
+        self.admin: AdminApi | None = None
+        self.warmups: Warmups | None = None
         self.port = 0
         self.portmap_port = 0
         self.metrics_port = 0
+        self.started = False
+        self.stopping = False
+        self.refused_connections = 0
+        self.reloads = {"ok": 0, "error": 0}
+        self.last_reload_error: list[str] = []
+        self._reload_lock = asyncio.Lock()
+        self._retired_ns = NamespaceStats()
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._retired_exports: list[Export] = []
         self._stopping = asyncio.Event()
+        self._stopped = False
 
     # ------------------------------------------------------------------ start
 
     async def start(self) -> None:
+        from gateway.admin import AdminApi, Warmups
+
         c = self.config
-        c.state_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._make_dirs)
         secret = load_or_create_secret(c.state_dir)
         handles = HandleCodec(secret, c.state_dir / "handles.sqlite3")
         data_stats = DataStats()
@@ -78,35 +170,29 @@ class Server:
         gw = Gateway(c, handles, reader)
         self.metrics.add_stats("data", data_stats)
         self.metrics.add_stats("conn", self.conn_stats)
-        per_export_meta = max(1 << 20, c.metadata_memory // max(1, len(c.exports)))
+        self.metrics.add_stats("gateway", gw.stats)
+        self.metrics.add_stats("namespace", self._retired_ns)
+        self.metrics.extra_collectors.append(self._server_families)
         for ec in c.exports:
-            if self.store_factory is not None:
-                store = self.store_factory(ec, self.metrics.backend_request)
-            else:
-                store = self._open_store(ec)
-            prefix = parse_store_url(ec.backend).prefix
-            ns_stats = NamespaceStats()
-            ns = Namespace(
-                store,
-                prefix,
-                clock=self.clock,
-                config=NamespaceConfig(
-                    attr_ttl_s=ec.attr_ttl_s,
-                    immutable=ec.immutable,
-                    memory_bytes=per_export_meta,
-                    prefetch=c.prefetch,
-                ),
-                stats=ns_stats,
-            )
-            self.metrics.add_stats("namespace", ns_stats)
-            gw.add_export(Export(export_id_for(ec.path), ec, store, ns, prefix))
+            gw.add_export(self._make_export(ec))
         self.gateway = gw
         register_all(self.dispatcher, gw)
+        self.metrics.prepare(PREPARED_PROCS, ["list", "get", "head"])
+        self.warmups = Warmups(self)
 
         loop = asyncio.get_running_loop()
         limits = TransportLimits(max_record=c.max_record, max_inflight=c.max_inflight_per_conn)
 
-        def factory() -> RpcConnection:
+        def factory() -> asyncio.Protocol:
+            if len(self.connections) >= self.config.max_connections:
+                self.refused_connections += 1
+                if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
+                    log.warning(
+                        "connection_refused",
+                        limit=self.config.max_connections,
+                        refused=self.refused_connections,
+                    )
+                return _Refused()
             return RpcConnection(self.dispatcher.handle, limits, self.conn_stats, self.connections)
 
         srv = await loop.create_server(factory, c.listen, c.port, reuse_address=True, backlog=1024)
@@ -115,31 +201,80 @@ class Server:
         if c.portmap_port is not None:
             await self._start_portmap(factory, c.portmap_port)
         gw.portmap_port = self.portmap_port
-        if c.metrics_listen:
-            await self._start_web(c.metrics_listen)
+        listen = c.admin_listen
+        if listen:
+            admin = AdminApi(self)
+            self.metrics_port = await admin.start(listen)
+            self.admin = admin
+        self.started = True
         log.info(
             "gateway_started",
             listen=c.listen,
             port=self.port,
             portmap_port=self.portmap_port or None,
-            metrics_port=self.metrics_port or None,
+            admin_port=self.metrics_port or None,
             exports=[e.path for e in c.exports],
             cache_memory=c.cache_memory,
+            config=str(c.source) if c.source else None,
         )
+        self.notifier.ready(self._status())
+        self.notifier.start_watchdog()
+
+    def _make_dirs(self) -> None:
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.cache_dir is not None:
+            self.config.cache_dir.mkdir(parents=True, exist_ok=True)
+
+    def _status(self) -> str:
+        gw = self.gateway
+        n = len(gw.exports) if gw else 0
+        return f"serving {n} export{'s' if n != 1 else ''} on port {self.port}"
+
+    def _make_export(self, ec: ExportConfig) -> Export:
+        c = self.config
+        if self.store_factory is not None:
+            store = self.store_factory(ec, self.metrics.backend_request)
+        else:
+            store = self._open_store(ec)
+        prefix = parse_store_url(ec.backend).prefix
+        ns_stats = NamespaceStats()
+        ns = Namespace(
+            store,
+            prefix,
+            clock=self.clock,
+            config=NamespaceConfig(
+                attr_ttl_s=ec.attr_ttl_s,
+                immutable=ec.immutable,
+                memory_bytes=max(1 << 20, c.metadata_memory // max(1, len(c.exports))),
+                prefetch=c.prefetch,
+            ),
+            stats=ns_stats,
+        )
+        self.metrics.add_stats("namespace", ns_stats)
+        return Export(export_id_for(ec.path), ec, store, ns, prefix)
 
     def _open_store(self, ec: ExportConfig) -> ObjectStore:
-        s3 = self.config.s3
-        return open_store(
-            ec.backend,
-            observer=self.metrics.backend_request,
-            endpoint_url=s3.endpoint_url,
-            region=s3.region,
-            addressing_style=s3.addressing_style,
-            profile=s3.profile,
-            max_connections=s3.max_connections,
-        )
+        from gateway.backend.s3 import RetryPolicy
 
-    async def _start_portmap(self, factory: Callable[[], RpcConnection], port: int) -> None:
+        s3 = self.config.s3
+        kw: dict[str, object] = {}
+        if ec.backend.startswith("s3://"):
+            kw = {
+                "endpoint_url": s3.endpoint_url,
+                "region": s3.region,
+                "addressing_style": s3.addressing_style,
+                "profile": s3.profile,
+                "anonymous": s3.anonymous or None,
+                "max_connections": s3.max_connections,
+                "retry": RetryPolicy(
+                    max_attempts=s3.max_attempts,
+                    request_timeout_s=s3.request_timeout_s,
+                    deadline_s=s3.deadline_s,
+                ),
+            }
+        return open_store(ec.backend, observer=self.metrics.backend_request, **kw)  # type: ignore[arg-type]
+
+    async def _start_portmap(self, factory: Callable[[], asyncio.Protocol], port: int) -> None:
         loop = asyncio.get_running_loop()
         try:
             srv = await loop.create_server(factory, self.config.listen, port, reuse_address=True)
@@ -158,43 +293,179 @@ class Server:
         self._servers.append(srv)
         self.portmap_port = srv.sockets[0].getsockname()[1]
 
-    async def _start_web(self, listen: str) -> None:
-        host, _, port = listen.rpartition(":")
-        app = web.Application()
+    def _server_families(self) -> Iterable[Metric]:
+        gw = self.gateway
+        yield GaugeMetricFamily(
+            "nfsgw_exports", "Exports served", value=len(gw.exports) if gw else 0
+        )
+        yield CounterMetricFamily(
+            "nfsgw_connections_refused",
+            "Connections closed at once because max_connections were open",
+            value=self.refused_connections,
+        )
+        r = CounterMetricFamily(
+            "nfsgw_config_reloads", "Configuration reloads by outcome", labels=["outcome"]
+        )
+        for outcome, n in sorted(self.reloads.items()):
+            r.add_metric([outcome], n)
+        yield r
+        if gw is not None:
+            yield GaugeMetricFamily(
+                "nfsgw_data_cache_budget_bytes",
+                "Data cache budget",
+                value=gw.reader.cache.budget_bytes,
+            )
+            yield GaugeMetricFamily(
+                "nfsgw_metadata_cache_budget_bytes",
+                "Directory index budget across exports",
+                value=self.config.metadata_memory,
+            )
 
-        async def metrics(request: web.Request) -> web.Response:
-            body = generate_latest(self.metrics.registry)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    # ------------------------------------------------------------------ reload
 
-        async def healthz(request: web.Request) -> web.Response:
-            return web.Response(text="ok\n")
+    async def reload(self) -> bool:
+        """Re-read the configuration and apply what can change while running. False (and the
+        old configuration kept) if the new one has errors."""
+        async with self._reload_lock:
+            self.notifier.reloading()
+            try:
+                try:
+                    new = await asyncio.to_thread(self._load)
+                except ConfigErrors as e:
+                    self._reload_failed([i.format() for i in e.errors])
+                    return False
+                except Exception as e:  # a loader bug must not take the service down
+                    self._reload_failed([repr(e)])
+                    return False
+                self.apply(new)
+                return True
+            finally:
+                self.notifier.ready(self._status())
 
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/healthz", healthz)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host or "127.0.0.1", int(port))
-        await site.start()
-        self._web = runner
-        server = getattr(site, "_server", None)
-        socks = getattr(server, "sockets", None) or []
-        self.metrics_port = socks[0].getsockname()[1] if socks else int(port)
+    def _load(self) -> ServerConfig:
+        if self.config_loader is not None:
+            return self.config_loader()
+        if self.config.source is None:
+            raise ConfigErrors([])  # nothing to reload from
+        return load_config(self.config.source)[0]
+
+    def _reload_failed(self, errors: list[str]) -> None:
+        self.reloads["error"] += 1
+        self.last_reload_error = errors
+        log.error("config_reload_failed", errors=errors, kept="the running configuration")
+
+    def apply(self, new: ServerConfig) -> dict[str, list[str]]:
+        """Apply ``new`` to the running server (see the module docstring); returns what
+        changed: ``added``, ``removed``, ``updated``, ``rebuilt`` exports and
+        ``restart_needed`` settings."""
+        gw = self.gateway
+        assert gw is not None, "apply() before start()"
+        old = self.config
+        restart = [f for f in RESTART_ONLY if getattr(old, f) != getattr(new, f)]
+        if old.admin_listen != new.admin_listen:
+            restart.append("admin.listen")
+        merged = dataclasses.replace(
+            new, **{f: getattr(old, f) for f in RESTART_ONLY}, metrics_listen=old.metrics_listen
+        )
+        if old.admin_listen != new.admin_listen:
+            merged = dataclasses.replace(
+                merged, admin=dataclasses.replace(new.admin, listen=old.admin.listen)
+            )
+        self.config = merged
+        gw.config = merged
+        changes: dict[str, list[str]] = {
+            "added": [],
+            "removed": [],
+            "updated": [],
+            "rebuilt": [],
+            "restart_needed": restart,
+        }
+        wanted = {ec.path: ec for ec in new.exports}
+        for path, export in list(gw.by_path.items()):
+            if path not in wanted:
+                gw.remove_export(export)
+                self._retire(export)
+                changes["removed"].append(path)
+        for path, ec in wanted.items():
+            cur = gw.by_path.get(path)
+            if cur is None:
+                gw.add_export(self._make_export(ec))
+                changes["added"].append(path)
+            elif cur.cfg == ec:
+                continue
+            elif any(getattr(cur.cfg, f) != getattr(ec, f) for f in _REBUILD):
+                fresh = self._make_export(ec)
+                gw.remove_export(cur)
+                gw.add_export(fresh)
+                self._retire(cur)
+                changes["rebuilt"].append(path)
+            else:
+                cur.cfg = ec  # security and attribute rules: the next call sees them
+                changes["updated"].append(path)
+        self.reloads["ok"] += 1
+        self.last_reload_error = []
+        log.info("config_reloaded", **{k: v for k, v in changes.items() if v})
+        if restart:
+            log.warning("config_restart_needed", settings=restart)
+        return changes
+
+    def _retire(self, export: Export) -> None:
+        """Close a replaced or removed export's index and store once calls still using it had
+        time to finish; keep its counters in the totals (they must never go down)."""
+        self.metrics.remove_stats("namespace", export.ns.stats)
+        for f in dataclasses.fields(NamespaceStats):
+            if f.name not in _NS_GAUGES:
+                v = getattr(self._retired_ns, f.name) + getattr(export.ns.stats, f.name)
+                setattr(self._retired_ns, f.name, v)
+
+        async def close_later() -> None:
+            await asyncio.sleep(self.config.drain_timeout_s)
+            await self._close_export(export)
+
+        t = asyncio.get_running_loop().create_task(close_later())
+        self._retiring.add(t)
+        t.add_done_callback(self._retiring.discard)
+        self._retired_exports.append(export)
+
+    @staticmethod
+    async def _close_export(export: Export) -> None:
+        with contextlib.suppress(Exception):
+            await export.ns.close()
+        with contextlib.suppress(Exception):
+            await export.store.close()
 
     # ------------------------------------------------------------------ stop
 
-    async def stop(self, drain_timeout_s: float = 10.0) -> None:
+    async def stop(self, drain_timeout_s: float | None = None) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.stopping = True
+        timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        self.notifier.stopping(timeout)
         for s in self._servers:
             s.close()
+        inflight = self.conn_stats.inflight
         for conn in list(self.connections):
             conn.close()
+        drained = True
         if self.connections:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(drain_timeout_s):
+            try:
+                async with asyncio.timeout(timeout):
                     await asyncio.gather(
                         *(c.drain() for c in list(self.connections)), return_exceptions=True
                     )
+            except TimeoutError:
+                drained = False
+        aborted = len(self.connections)
         for conn in list(self.connections):
             conn.abort()
+        log.info(
+            "gateway_drained",
+            inflight_at_stop=inflight,
+            complete=drained,
+            connections_aborted=aborted,
+        )
         for s in self._servers:
             with contextlib.suppress(Exception):
                 await s.wait_closed()
@@ -207,24 +478,47 @@ class Server:
                         self.config.portmap_port,
                         portmap.Mapping(prog, vers, portmap.IPPROTO_TCP, self.port),
                     )
-        if self._web is not None:
-            await self._web.cleanup()
+        if self.warmups is not None:
+            await self.warmups.close()
+        if self.admin is not None:
+            await self.admin.stop()
+        for t in list(self._retiring):
+            t.cancel()
         if self.gateway is not None:
             # Fetches still in flight (read-ahead) use the stores: stop them first.
             await self.gateway.reader.close()
-            for e in self.gateway.exports.values():
-                await e.ns.close()
-                await e.store.close()
+            for e in [*self.gateway.exports.values(), *self._retired_exports]:
+                await self._close_export(e)
             await self.gateway.handles.close()
+        await self.notifier.close()
         log.info("gateway_stopped", port=self.port)
 
-    async def run_until_signalled(self) -> None:
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def run_until_signalled(self) -> int:
+        """Serve until SIGTERM/SIGINT (then drain and return 0); SIGHUP reloads."""
         loop = asyncio.get_running_loop()
+        reloads: set[asyncio.Task[bool]] = set()
+
+        def on_hup() -> None:
+            t = loop.create_task(self.reload())
+            reloads.add(t)
+            t.add_done_callback(reloads.discard)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stopping.set)
-        await self._stopping.wait()
-        log.info("gateway_stopping")
-        await self.stop()
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
+        try:
+            await self._stopping.wait()
+            log.info("gateway_stopping")
+            for t in list(reloads):
+                t.cancel()
+            await self.stop()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+        return 0
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -3,7 +3,7 @@ a completely listed directory costs no request."""
 
 from __future__ import annotations
 
-from gateway.core import Gateway, fattr
+from gateway.core import X_OK, Gateway, deny, fattr, permits
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError, NotDirectory
 from gateway.handlers.common import check_name
@@ -16,6 +16,9 @@ async def lookup3(gw: Gateway, ctx: CallContext, args: Lookup3Args) -> Lookup3Re
     dir_attr = fattr(export, d)
     if d.kind != EntryKind.DIR:
         return Lookup3Res(NfsStat3.NFS3ERR_NOTDIR, dir_attributes=dir_attr)
+    if not permits(ctx, export, d, X_OK):
+        deny(ctx, gw, d, "lookup needs x on the directory")
+        return Lookup3Res(NfsStat3.NFS3ERR_ACCES, dir_attributes=dir_attr)
     raw = args.what.name
     try:
         name = raw.decode() if raw in (b".", b"..") else check_name(raw)

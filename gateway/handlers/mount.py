@@ -3,12 +3,16 @@ after the export's client check. DUMP/UMNT/UMNTALL keep an advisory, bounded mou
 
 from __future__ import annotations
 
-from gateway.core import Export, Gateway, Mount
+import structlog
+
+from gateway.core import Export, Gateway, Mount, client_denied
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
 from gateway.namespace.index import EntryKind
 from nfsproto.mount3 import ExportNode, Mnt3Args, Mnt3Res, MountBody, MountStat3
 from nfsproto.rpc import AuthFlavor
+
+log = structlog.get_logger(__name__)
 
 MAX_MOUNT_RECORDS = 4096
 _FLAVORS = [int(AuthFlavor.AUTH_SYS), int(AuthFlavor.AUTH_NONE)]
@@ -36,7 +40,10 @@ async def mnt(gw: Gateway, ctx: CallContext, args: Mnt3Args) -> Mnt3Res:
     if found is None:
         return Mnt3Res(MountStat3.MNT3ERR_NOENT)
     export, rel = found
-    if not export.cfg.allows(ctx.peer.host) or (export.cfg.secure_port and ctx.peer.port >= 1024):
+    why = client_denied(export.cfg, ctx.peer.host, ctx.peer.port)
+    if why is not None:
+        gw.stats.mounts_denied += 1
+        log.warning("mount_denied", path=path, export=export.cfg.path, reason=why)
         return Mnt3Res(MountStat3.MNT3ERR_ACCES)
     if rel:
         try:

@@ -4,7 +4,7 @@ aligned read-ahead for large ones), pinned to the version the attributes describ
 from __future__ import annotations
 
 from gateway.backend.base import PreconditionFailed
-from gateway.core import Export, Gateway, fattr
+from gateway.core import R_OK, Export, Gateway, deny, fattr, permits
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError, NotFound, StaleHandle
 from gateway.namespace.index import Entry, EntryKind
@@ -24,6 +24,11 @@ async def read3(gw: Gateway, ctx: CallContext, args: Read3Args) -> Read3Res:
         return Read3Res(NfsStat3.NFS3ERR_ISDIR, file_attributes=fattr(export, entry))
     if entry.kind != EntryKind.FILE:
         return Read3Res(NfsStat3.NFS3ERR_INVAL, file_attributes=fattr(export, entry))
+    if not permits(ctx, export, entry, R_OK, read=True):
+        deny(ctx, gw, entry, "read needs r (or x) on the file")
+        return Read3Res(NfsStat3.NFS3ERR_ACCES, file_attributes=fattr(export, entry))
+    if args.offset == 0:
+        gw.stats.files_opened += 1
     count = min(args.count, gw.config.rsize)
     try:
         data, eof = await _read(gw, export, entry, args.offset, count)

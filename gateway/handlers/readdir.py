@@ -8,7 +8,7 @@ would otherwise cost eight times the round trips)."""
 
 from __future__ import annotations
 
-from gateway.core import Export, Gateway, fattr
+from gateway.core import R_OK, Export, Gateway, deny, fattr, permits
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError, TooSmall
 from gateway.namespace.index import Entry, EntryKind, split_path
@@ -54,6 +54,9 @@ async def readdir3(gw: Gateway, ctx: CallContext, args: Readdir3Args) -> Readdir
     dattr = fattr(export, d)
     if d.kind != EntryKind.DIR:
         return Readdir3Res(NfsStat3.NFS3ERR_NOTDIR, dattr)
+    if not permits(ctx, export, d, R_OK):
+        deny(ctx, gw, d, "readdir needs r on the directory")
+        return Readdir3Res(NfsStat3.NFS3ERR_ACCES, dattr)
     budget = min(args.count, MAX_REPLY) - READDIR3RES_OVERHEAD
     if budget < size_entry3(1):
         raise TooSmall(f"count {args.count}")
@@ -83,6 +86,9 @@ async def readdirplus3(gw: Gateway, ctx: CallContext, args: Readdirplus3Args) ->
     dattr = fattr(export, d)
     if d.kind != EntryKind.DIR:
         return Readdirplus3Res(NfsStat3.NFS3ERR_NOTDIR, dattr)
+    if not permits(ctx, export, d, R_OK):
+        deny(ctx, gw, d, "readdir needs r on the directory")
+        return Readdirplus3Res(NfsStat3.NFS3ERR_ACCES, dattr)
     budget = min(args.maxcount, MAX_REPLY) - READDIRPLUS3RES_OVERHEAD
     if budget < size_entryplus3(1, True, 8):
         raise TooSmall(f"maxcount {args.maxcount}")

@@ -1,0 +1,272 @@
+"""Operations end to end: ``nfsgw serve --config FILE`` as a child process under a fake
+service manager (a notify socket this test opens), libnfs as an independent client, the admin
+API over HTTP, and signals:
+
+- READY=1 (and WATCHDOG=1) arrive on the socket; STOPPING=1 at SIGTERM, then exit 0;
+- a libnfs read of N files moves ``/metrics`` by exactly the expected amounts (files opened,
+  GETs, LISTs, READ calls) and ``/v1/stats`` shows backend requests per file opened;
+- SIGHUP adds an export without dropping the client's connection (RELOADING=1, READY=1); a bad
+  file is refused, logged, and the old configuration keeps serving;
+- stdout is JSON lines: one per connection open/close, per directory listing, per reload; none
+  per successful RPC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.server import free_port
+from tests.libnfs import LibNfs, libnfs_available
+
+pytestmark = [
+    pytest.mark.libnfs,
+    pytest.mark.skipif(not libnfs_available(), reason="libnfs (libnfs.so.13) is not installed"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+CLASSES, PER_CLASS = 3, 4
+N = CLASSES * PER_CLASS
+
+CONFIG = """\
+[server]
+listen = "127.0.0.1"
+port = {port}
+state_dir = "{tmp}/state"
+cache_dir = "{tmp}/cache"
+drain_timeout_s = 5
+uvloop = false
+[admin]
+listen = "127.0.0.1:{admin}"
+[log]
+format = "json"
+[cache]
+memory = "64M"
+[[export]]
+path = "/data"
+backend = "file://{tmp}/src"
+read_only = true
+clients = ["127.0.0.0/8"]
+immutable = true
+{extra}
+"""
+MORE = """
+[[export]]
+path = "/more"
+backend = "file://{tmp}/more"
+read_only = true
+clients = ["127.0.0.0/8"]
+"""
+
+
+class Manager:
+    """The service manager's end of NOTIFY_SOCKET."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(60)
+        self.seen: list[dict[str, str]] = []
+
+    def wait_for(self, key: str) -> dict[str, str]:
+        """The next message with ``key`` (watchdog pings in between are recorded)."""
+        while True:
+            data = self.sock.recv(4096)
+            msg = dict(line.split("=", 1) for line in data.decode().splitlines())
+            self.seen.append(msg)
+            if key in msg:
+                return msg
+
+
+class Gateway:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.admin = free_port()
+        self.config = tmp / "nfsgw.toml"
+        self.write_config()
+        self.manager = Manager(tmp / "notify.sock")
+        self.log = (tmp / "stdout.log").open("w+")
+        env = {
+            **os.environ,
+            "NOTIFY_SOCKET": str(self.manager.path),
+            "WATCHDOG_USEC": "2000000",
+            "WATCHDOG_PID": "",
+        }
+        env.pop("NFSGW_CONFIG", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.config)],
+            cwd=REPO,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def write_config(self, extra: str = "", text: str | None = None) -> None:
+        if text is None:
+            text = CONFIG.format(
+                port=self.port, admin=self.admin, tmp=self.tmp, extra=extra.format(tmp=self.tmp)
+            )
+        self.config.write_text(text)
+
+    def url(self, path: str) -> str:
+        return (
+            f"nfs://127.0.0.1{path}?nfsport={self.port}&mountport={self.port}&version=3"
+            "&auto-traverse-mounts=0"
+        )
+
+    def http(self, path: str) -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}{path}", timeout=30) as r:
+            body: bytes = r.read()
+            return body
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        out = {}
+        for fam in text_string_to_metric_families(self.http("/metrics").decode()):
+            for s in fam.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    def lines(self) -> list[dict[str, object]]:
+        self.log.flush()
+        return [json.loads(x) for x in (self.tmp / "stdout.log").read_text().splitlines() if x]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.log.close()
+        self.manager.sock.close()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Gateway]:
+    for c in range(CLASSES):
+        d = tmp_path / "src" / "train" / f"c{c}"
+        d.mkdir(parents=True)
+        for i in range(PER_CLASS):
+            (d / f"img{i}.jpg").write_bytes(bytes([c, i]) * (500 + i))
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "readme").write_bytes(b"more\n")
+    gw = Gateway(tmp_path)
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def _get(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **lb: str) -> float:
+    return m.get((name, tuple(sorted(lb.items()))), 0.0)
+
+
+def test_service_life_metrics_reload_and_logs(gateway: Gateway) -> None:
+    ready = gateway.manager.wait_for("READY")
+    assert ready["STATUS"] == f"serving 1 export on port {gateway.port}"
+    assert ready["MAINPID"] == str(gateway.proc.pid)
+    gateway.manager.wait_for("WATCHDOG")
+    assert json.loads(gateway.http("/readyz")) == {"ready": True, "backends": {"/data": "ok"}}
+
+    before = gateway.metrics()
+    with LibNfs(gateway.url("/data")) as nfs:
+        for c in range(CLASSES):
+            for i in range(PER_CLASS):
+                data = nfs.read_file(f"/train/c{c}/img{i}.jpg")
+                assert data == bytes([c, i]) * (500 + i)
+        after = gateway.metrics()
+
+        def moved(name: str, **lb: str) -> float:
+            return _get(after, name, **lb) - _get(before, name, **lb)
+
+        # libnfs reads each file with one READ at 0 and one zero-byte READ at EOF
+        assert moved("nfsgw_files_opened_total") == N
+        assert moved("nfsgw_rpc_requests_total", proc="NFS3.READ", status="ok") == 2 * N
+        assert moved("nfsgw_s3_requests_total", op="get", outcome="ok") == N
+        assert moved("nfsgw_s3_requests_total", op="list", outcome="ok") == 2 + CLASSES
+        assert moved("nfsgw_s3_requests_total", op="head", outcome="ok") == 0
+        assert moved("nfsgw_data_cache_misses_total") == N
+        assert moved("nfsgw_backend_received_bytes_total") == sum(
+            2 * (500 + i) for _ in range(CLASSES) for i in range(PER_CLASS)
+        )
+        # libnfs: one connection for MOUNT (closed after MNT), one for NFS (kept)
+        assert moved("nfsgw_connections_opened_total") == 2
+        assert _get(after, "nfsgw_connections") == 1
+        stats = json.loads(gateway.http("/v1/stats"))
+        assert stats["files_opened"] == N
+        assert stats["backend_requests_per_file_opened"] == round((N + 2 + CLASSES + 1) / N, 4)
+
+        # SIGHUP: a new export; the open connection keeps working
+        gateway.write_config(MORE)
+        gateway.proc.send_signal(signal.SIGHUP)
+        gateway.manager.wait_for("RELOADING")
+        assert gateway.manager.wait_for("READY")["STATUS"] == (
+            f"serving 2 exports on port {gateway.port}"
+        )
+        assert nfs.read_file("/train/c0/img0.jpg") == bytes([0, 0]) * 500
+        with LibNfs(gateway.url("/more")) as more:
+            assert more.read_file("/readme") == b"more\n"
+        # a bad file: refused, logged, the running configuration keeps serving
+        gateway.write_config(text='[server]\nport = "2049"\n')
+        gateway.proc.send_signal(signal.SIGHUP)
+        gateway.manager.wait_for("RELOADING")
+        gateway.manager.wait_for("READY")
+        assert nfs.read_file("/train/c1/img1.jpg") == bytes([1, 1]) * 501
+        m = gateway.metrics()
+        # only the /more client's connections are new (libnfs: MOUNT, NFS, and UMNT when the
+        # context is destroyed): the first NFS connection was kept through both reloads
+        opened = _get(m, "nfsgw_connections_opened_total")
+        assert opened - _get(after, "nfsgw_connections_opened_total") == 3
+        assert _get(m, "nfsgw_connections") == 1
+        assert _get(m, "nfsgw_config_reloads_total", outcome="ok") == 1
+        assert _get(m, "nfsgw_config_reloads_total", outcome="error") == 1
+        calls = sum(v for (name, _), v in m.items() if name == "nfsgw_rpc_requests_total")
+
+    # SIGTERM: STOPPING=1, drain, exit 0
+    gateway.proc.send_signal(signal.SIGTERM)
+    stopping = gateway.manager.wait_for("STOPPING")
+    assert int(stopping["EXTEND_TIMEOUT_USEC"]) >= 5_000_000
+    assert gateway.proc.wait(60) == 0
+
+    lines = gateway.lines()
+    events = [str(x["event"]) for x in lines]
+    assert all({"event", "level", "timestamp"} <= set(x) for x in lines)
+    assert events.count("connection_opened") == events.count("connection_closed") == 6
+    (failed,) = [x for x in lines if x["event"] == "config_reload_failed"]
+    assert failed["level"] == "error"
+    assert any(":2: server.port: must be an integer" in e for e in failed["errors"])  # type: ignore[attr-defined]
+    assert events.count("config_reloaded") == 1
+    assert events[-1] == "gateway_stopped" and "gateway_drained" in events
+    # never a line per successful RPC: directory listings are the only per-call lines here
+    per_call = [x for x in lines if "xid" in x]
+    assert {x["event"] for x in per_call} <= {"dir_prefetched"}
+    assert len(per_call) == 2 + CLASSES + 1  # root, train, classes, /more's root
+    assert calls > 4 * N and len(lines) < 30
+
+
+def test_check_config_and_serve_refuse_a_bad_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "nfsgw.toml"
+    cfg.write_text('[server]\nport = 2049\nbogus = 1\n[[export]]\npath = "/d"\n')
+    env = {**os.environ}
+    env.pop("NFSGW_CONFIG", None)
+    for cmd in (["check-config"], ["serve"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", *cmd, "--config", str(cfg)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == (1 if cmd == ["check-config"] else 2)
+        assert f"{cfg}:3: server.bogus: unknown key 'bogus'" in r.stderr
+        assert f"{cfg}:4: export[0]: missing 'backend'" in r.stderr

@@ -1,0 +1,196 @@
+"""Life cycle: SIGTERM-style stop drains in-flight calls (and gives up at the deadline),
+SIGHUP reload from the file (good, bad and restart-only changes), signals in process, and the
+connection limit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.backend.memory import MemoryStore
+from gateway.config import ExportConfig, load_config
+from nfsproto import mount3
+from nfsproto.nfs3 import NfsStat3
+from tests.unit.ops.helpers import Client, Stores, make_config, running
+
+OK = NfsStat3.NFS3_OK
+
+
+class GatedStore(MemoryStore):
+    """GETs wait for ``gate``."""
+
+    gate: asyncio.Event | None = None
+
+    async def get(self, key: str, start: int = 0, end: int | None = None, **kw: Any) -> Any:
+        if GatedStore.gate is not None:
+            await GatedStore.gate.wait()
+        return await super().get(key, start, end, **kw)
+
+
+async def _until(cond: Any) -> None:
+    async with asyncio.timeout(10):
+        while not cond():  # noqa: ASYNC110 (polls server state the test cannot await)
+            await asyncio.sleep(0.001)
+
+
+async def _refused(port: int) -> bool:
+    try:
+        _, w = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return True
+    w.close()
+    return False
+
+
+@pytest.fixture
+def gate() -> Any:
+    GatedStore.gate = asyncio.Event()
+    yield GatedStore.gate
+    GatedStore.gate.set()
+    GatedStore.gate = None
+
+
+async def test_stop_drains_in_flight_calls(tmp_path: Path, gate: asyncio.Event) -> None:
+    cfg = make_config(tmp_path, [ExportConfig("/data", "s3://b/d/")])
+    stores = Stores({"/data": {"d/f": b"payload"}}, cls=GatedStore)
+    async with running(cfg, stores) as server:
+        c = await Client.connect(server.port)
+        root = await c.mount(b"/data")
+        f = await c.lookup(root, b"f")
+        read = asyncio.create_task(c.read(f.object))
+        await _until(lambda: server.conn_stats.inflight == 1)
+        stop = asyncio.create_task(server.stop(drain_timeout_s=60))
+        await _until(lambda: server.stopping)
+        await _until(lambda: stop.done() or all(not s.is_serving() for s in server._servers))
+        assert await _refused(server.port)  # no new connections while draining
+        assert not read.done() and not stop.done()
+        gate.set()
+        res = await read
+        assert res.status == OK and bytes(res.data) == b"payload"
+        await stop
+        assert server.connections == set() and server.conn_stats.open == 0
+
+
+async def test_stop_gives_up_at_the_deadline(tmp_path: Path, gate: asyncio.Event) -> None:
+    cfg = make_config(tmp_path, [ExportConfig("/data", "s3://b/d/")])
+    stores = Stores({"/data": {"d/f": b"payload"}}, cls=GatedStore)
+    async with running(cfg, stores) as server:
+        c = await Client.connect(server.port)
+        root = await c.mount(b"/data")
+        f = await c.lookup(root, b"f")
+        read = asyncio.create_task(c.read(f.object))
+        await _until(lambda: server.conn_stats.inflight == 1)
+        await server.stop(drain_timeout_s=0.05)  # the gate never opens
+        with pytest.raises((ConnectionError, OSError)):
+            await read
+        assert server.connections == set()
+
+
+TOML = """\
+[server]
+listen = "127.0.0.1"
+port = 0
+state_dir = "{state}"
+uvloop = false
+drain_timeout_s = 0.5
+[admin]
+listen = ""
+[cache]
+memory = "64M"
+[[export]]
+path = "/data"
+backend = "s3://b/d/"
+clients = ["127.0.0.0/8"]
+attr_ttl_s = 60
+{extra}
+"""
+MORE = """\
+[[export]]
+path = "/more"
+backend = "s3://b/more/"
+clients = ["127.0.0.0/8"]
+"""
+
+
+async def test_reload_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "nfsgw.toml"
+    path.write_text(TOML.format(state=tmp_path / "state", extra=""))
+    cfg, _ = load_config(path)
+    stores = Stores({"/data": {"d/f": b"1"}, "/more": {"more/g": b"2"}})
+    async with running(cfg, stores) as server:
+        c = await Client.connect(server.port)
+        root = await c.mount(b"/data")
+        assert (await c.mnt(b"/more")).status == mount3.MountStat3.MNT3ERR_NOENT
+        # add an export and change the TTL of another (a fresh index for it)
+        path.write_text(TOML.format(state=tmp_path / "state", extra=MORE).replace("= 60", "= 5"))
+        data_ns = server.gateway.by_path["/data"].ns  # type: ignore[union-attr]
+        assert await server.reload()
+        assert server.gateway is not None
+        assert server.gateway.by_path["/data"].ns is not data_ns
+        assert server.gateway.by_path["/data"].cfg.attr_ttl_s == 5
+        more = await c.mount(b"/more")
+        assert (await c.lookup(more, b"g")).status == OK
+        assert (await c.lookup(root, b"f")).status == OK  # old handles, same connection
+        # a bad file: every error logged, the running configuration kept
+        path.write_text("[server]\nport = 'x'\n[[export]]\npath = 'rel'\n")
+        assert not await server.reload()
+        assert server.reloads == {"ok": 1, "error": 1}
+        assert any(":2: server.port" in e for e in server.last_reload_error)
+        assert any(":4: export[0].path" in e for e in server.last_reload_error)
+        assert sorted(server.gateway.by_path) == ["/data", "/more"]
+        # a restart-only setting is reported, not applied; removing an export makes its
+        # handles stale
+        path.write_text(
+            TOML.format(state=tmp_path / "state", extra="").replace("port = 0", "port = 1")
+        )
+        port = server.port
+        assert await server.reload()
+        assert server.port == port and server.config.port == 0
+        assert sorted(server.gateway.by_path) == ["/data"]
+        assert (await c.getattr(more)).status == NfsStat3.NFS3ERR_STALE
+        assert (await c.getattr(root)).status == OK
+        assert server.conn_stats.opened == 1
+        await c.close()
+
+
+async def test_signals(tmp_path: Path) -> None:
+    path = tmp_path / "nfsgw.toml"
+    path.write_text(TOML.format(state=tmp_path / "state", extra=""))
+    cfg, _ = load_config(path)
+    async with running(cfg, Stores()) as server:
+        task = asyncio.create_task(server.run_until_signalled())
+        await asyncio.sleep(0)
+        # the loop's handlers are in place (a default SIGHUP would end the test process)
+        assert signal.getsignal(signal.SIGHUP) not in (signal.SIG_DFL, signal.SIG_IGN)
+        path.write_text(TOML.format(state=tmp_path / "state", extra=MORE))
+        os.kill(os.getpid(), signal.SIGHUP)
+        await _until(lambda: server.reloads["ok"] == 1)
+        assert server.gateway is not None and "/more" in server.gateway.by_path
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await task == 0
+        assert server.stopping
+    assert signal.getsignal(signal.SIGHUP) in (signal.SIG_DFL, signal.SIG_IGN)
+
+
+async def test_connection_limit(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, [ExportConfig("/data", "s3://b/d/")], max_connections=2)
+    async with running(cfg, Stores({"/data": {"d/f": b"1"}})) as server:
+        a = await Client.connect(server.port)
+        b = await Client.connect(server.port)
+        await a.mount(b"/data")
+        await b.mount(b"/data")
+        c = await Client.connect(server.port)
+        with pytest.raises((ConnectionError, OSError)):
+            await c.mount(b"/data")
+        assert server.refused_connections == 1
+        await a.close()
+        await _until(lambda: len(server.connections) == 1)
+        d = await Client.connect(server.port)
+        await d.mount(b"/data")
+        for cl in (b, c, d):
+            await cl.close()

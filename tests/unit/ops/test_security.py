@@ -1,0 +1,279 @@
+"""Export security through MOUNT and NFS calls over real TCP: client lists (MNT3ERR_ACCES at
+mount, NFS3ERR_ACCES on every call with the export's handles), the privileged-port rule,
+squashing on every procedure (ACCESS, LOOKUP, READDIRPLUS, READ), handles that cannot reach
+another export (".." stops at the root, RENAME/LINK across exports are XDEV), and rule changes
+by reload applying to the next call on the same connection."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import ipaddress
+import json
+import os
+from pathlib import Path
+
+import pytest
+import structlog
+
+from gateway import logs
+from gateway.config import ExportConfig
+from nfsproto import mount3, nfs3, rpc
+from nfsproto.nfs3 import Nfs3Proc, NfsStat3
+from tests.unit.ops.helpers import Client, Stores, cred, make_config, running
+
+ACCES = NfsStat3.NFS3ERR_ACCES
+OK = NfsStat3.NFS3_OK
+LOCAL = (ipaddress.ip_network("127.0.0.0/8"),)
+ELSEWHERE = (ipaddress.ip_network("10.9.9.9/32"),)
+
+
+def seed() -> Stores:
+    files = {"d/f.bin": b"x" * 100, "top.txt": b"top"}
+    return Stores({p: {f"{p.strip('/')}/{k}": v for k, v in files.items()} for p in EXPORTS})
+
+
+EXPORTS = ("/data", "/other", "/private", "/team", "/secure")
+
+
+def exports() -> list[ExportConfig]:
+    return [
+        ExportConfig("/data", "s3://b/data/", read_only=True, clients=LOCAL),
+        ExportConfig("/other", "s3://b/other/", clients=LOCAL),
+        ExportConfig("/private", "s3://b/private/", clients=ELSEWHERE),
+        # objects owned by 1000:1000, rw-r----- / rwxr-x---
+        ExportConfig(
+            "/team",
+            "s3://b/team/",
+            clients=LOCAL,
+            uid=1000,
+            gid=1000,
+            file_mode=0o640,
+            dir_mode=0o750,
+        ),
+        ExportConfig("/secure", "s3://b/secure/", clients=LOCAL, secure_port=True),
+    ]
+
+
+async def test_clients_mount_and_every_call(tmp_path: Path) -> None:
+    async with running(make_config(tmp_path, exports()), seed()) as server:
+        c = await Client.connect(server.port)
+        # MNT of a denied export, and of a directory inside it: MNT3ERR_ACCES
+        for path in (b"/private", b"/private/d"):
+            assert (await c.mnt(path)).status == mount3.MountStat3.MNT3ERR_ACCES
+        assert server.gateway is not None
+        assert server.gateway.stats.mounts_denied == 2
+        root = await c.mount(b"/data")
+        # a handle of the denied export (as a client allowed earlier would hold): every NFS
+        # procedure that takes a handle answers NFS3ERR_ACCES, before touching the backend
+        gw = server.gateway
+        private = gw.by_path["/private"]
+        pfh = gw.handle_for(private, "")
+        ffh = gw.handle_for(private, "d/f.bin")
+        before = dict(private.store.requests)  # type: ignore[attr-defined]
+        calls = {
+            Nfs3Proc.GETATTR: nfs3.Getattr3Args(pfh),
+            Nfs3Proc.LOOKUP: nfs3.Lookup3Args(nfs3.Diropargs3(pfh, b"d")),
+            Nfs3Proc.ACCESS: nfs3.Access3Args(pfh, 0x3F),
+            Nfs3Proc.READ: nfs3.Read3Args(ffh, 0, 10),
+            Nfs3Proc.READDIR: nfs3.Readdir3Args(pfh, 0, bytes(8), 4096),
+            Nfs3Proc.READDIRPLUS: nfs3.Readdirplus3Args(pfh, 0, bytes(8), 4096, 4096),
+            Nfs3Proc.READLINK: nfs3.Readlink3Args(ffh),
+            Nfs3Proc.FSSTAT: nfs3.Fsstat3Args(pfh),
+            Nfs3Proc.FSINFO: nfs3.Fsinfo3Args(pfh),
+            Nfs3Proc.PATHCONF: nfs3.Pathconf3Args(pfh),
+            Nfs3Proc.SETATTR: nfs3.Setattr3Args(ffh, nfs3.Sattr3(), None),
+            Nfs3Proc.WRITE: nfs3.Write3Args(ffh, 0, 1, nfs3.StableHow.UNSTABLE, b"y"),
+            Nfs3Proc.CREATE: nfs3.Create3Args(
+                nfs3.Diropargs3(pfh, b"n"),
+                nfs3.CreateHow3(nfs3.CreateMode3.UNCHECKED, nfs3.Sattr3()),
+            ),
+            Nfs3Proc.REMOVE: nfs3.Remove3Args(nfs3.Diropargs3(pfh, b"top.txt")),
+            Nfs3Proc.COMMIT: nfs3.Commit3Args(ffh, 0, 0),
+        }
+        for proc, args in calls.items():
+            res = await c.nfs(proc, args)
+            assert res.status == ACCES, proc
+        assert private.store.requests == before  # type: ignore[attr-defined]
+        assert gw.stats.clients_denied == len(calls)
+        # the allowed export still works on the same connection
+        assert (await c.lookup(root, b"top.txt")).status == OK
+        await c.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="binding a source port below 1024 needs root")
+async def test_secure_port(tmp_path: Path) -> None:
+    async with running(make_config(tmp_path, exports()), seed()) as server:
+        c = await Client.connect(server.port)
+        assert (await c.mnt(b"/secure")).status == mount3.MountStat3.MNT3ERR_ACCES
+        assert (await c.mnt(b"/data")).status == mount3.MountStat3.MNT3_OK
+        gw = server.gateway
+        assert gw is not None
+        fh = gw.handle_for(gw.by_path["/secure"], "")
+        assert (await c.getattr(fh)).status == ACCES
+        await c.close()
+        for port in range(700, 1000):
+            try:
+                p = await Client.connect(server.port, source_port=port)
+                break
+            except OSError:
+                continue
+        root = await p.mount(b"/secure")
+        assert (await p.getattr(root)).status == OK
+        assert (await p.lookup(root, b"top.txt")).status == OK
+        await p.close()
+
+
+async def test_squash_applies_to_every_procedure(tmp_path: Path) -> None:
+    async with running(make_config(tmp_path, exports()), seed()) as server:
+        # root is squashed to nobody (65534): "other" bits of 0750/0640 grant nothing
+        root_c = await Client.connect(server.port)
+        troot = await root_c.mount(b"/team")
+        assert (await root_c.lookup(troot, b"top.txt")).status == ACCES
+        assert (await root_c.readdirplus(troot)).status == ACCES
+        acc = await root_c.access(troot)
+        assert acc.status == OK and acc.access == 0
+        # handles come from an allowed identity; the squashed caller still cannot READ
+        owner = await Client.connect(server.port, cred(1000, 1000))
+        d = await owner.lookup(troot, b"d")
+        f = await owner.lookup(d.object, b"f.bin")
+        assert d.status == OK and f.status == OK
+        assert (await owner.readdirplus(d.object)).status == OK
+        assert (await owner.read(f.object)).status == OK
+        assert (await root_c.read(f.object)).status == ACCES
+        assert (await root_c.lookup(d.object, b"f.bin")).status == ACCES
+        # group member (primary or supplementary gid 1000): r-x on dirs, r-- on files
+        for ident in (cred(2000, 1000), cred(2000, 5, [7, 1000])):
+            g = await Client.connect(server.port, ident)
+            assert (await g.lookup(d.object, b"f.bin")).status == OK
+            assert (await g.read(f.object)).status == OK
+            acc = await g.access(f.object)
+            assert acc.access == nfs3.ACCESS3_READ
+            await g.close()
+        # a stranger: nothing
+        s = await Client.connect(server.port, cred(3000, 3000))
+        assert (await s.read(f.object)).status == ACCES
+        assert (await s.readdirplus(d.object)).status == ACCES
+        # AUTH_NONE is nobody
+        n = await Client.connect(server.port, rpc.NULL_AUTH)
+        assert (await n.read(f.object)).status == ACCES
+        gw = server.gateway
+        assert gw is not None and gw.stats.permission_denied == 7
+        for cl in (root_c, owner, s, n):
+            await cl.close()
+
+
+async def test_squash_modes(tmp_path: Path) -> None:
+    base = exports()[3]  # /team: 1000:1000 0640/0750
+    cfgs = [
+        dataclasses.replace(base, path="/none", backend="s3://b/none/", squash="none"),
+        dataclasses.replace(
+            base, path="/all", backend="s3://b/all/", squash="all", anonuid=1000, anongid=1000
+        ),
+        # uid 5 with primary gid 0 on objects of group 0: root_squash maps gid 0 too
+        dataclasses.replace(
+            base, path="/gid0", backend="s3://b/gid0/", uid=1, gid=0, squash="root"
+        ),
+    ]
+    stores = Stores({p: {f"{p.strip('/')}/f.bin": b"abc"} for p in ("/none", "/all", "/gid0")})
+    async with running(make_config(tmp_path, cfgs), stores) as server:
+        root_c = await Client.connect(server.port)
+        r = await root_c.mount(b"/none")  # no_root_squash: root reads anything
+        f = await root_c.lookup(r, b"f.bin")
+        assert f.status == OK and (await root_c.read(f.object)).status == OK
+        # all_squash: every caller, root or AUTH_NONE or anyone, is anonuid 1000 = the owner
+        for ident in (rpc.auth_sys(0, 0, [0], b"r"), cred(4242, 4242), rpc.NULL_AUTH):
+            cl = await Client.connect(server.port, ident)
+            a = await cl.mount(b"/all")
+            f = await cl.lookup(a, b"f.bin")
+            assert f.status == OK and (await cl.read(f.object)).status == OK, ident
+            await cl.close()
+        cl = await Client.connect(server.port, cred(5, 0))
+        g0 = await cl.mount(b"/gid0")
+        assert (await cl.lookup(g0, b"f.bin")).status == ACCES  # gid 0 squashed to 65534
+        ok = await Client.connect(server.port, cred(5, 0))
+        none_squash = server.gateway.by_path["/gid0"]  # type: ignore[union-attr]
+        none_squash.cfg = dataclasses.replace(none_squash.cfg, squash="none")
+        assert (await ok.lookup(g0, b"f.bin")).status == OK  # gid 0 kept: group r-x
+        await cl.close()
+        await ok.close()
+        await root_c.close()
+
+
+async def test_handles_cannot_reach_another_export(tmp_path: Path) -> None:
+    async with running(make_config(tmp_path, exports()), seed()) as server:
+        c = await Client.connect(server.port)
+        data = await c.mount(b"/data")
+        other = await c.mount(b"/other")
+        # ".." of an export root is the root itself
+        up = await c.lookup(data, b"..")
+        assert up.status == OK
+        assert up.obj_attributes.fileid == (await c.getattr(data)).obj_attributes.fileid
+        listing = await c.readdirplus(data)
+        assert [e.name for e in listing.entries] == [b".", b"..", b"d", b"top.txt"]
+        # two handles of different exports in one call: XDEV
+        ren = await c.nfs(
+            Nfs3Proc.RENAME,
+            nfs3.Rename3Args(nfs3.Diropargs3(other, b"top.txt"), nfs3.Diropargs3(data, b"x")),
+        )
+        assert ren.status == NfsStat3.NFS3ERR_XDEV
+        top = await c.lookup(other, b"top.txt")
+        link = await c.nfs(Nfs3Proc.LINK, nfs3.Link3Args(top.object, nfs3.Diropargs3(data, b"x")))
+        # (LINK is never supported; across exports it must fail whichever check comes first)
+        assert link.status in (NfsStat3.NFS3ERR_XDEV, NfsStat3.NFS3ERR_ROFS)
+        # a handle whose export id was tampered with fails its MAC
+        forged = bytearray(data)
+        forged[2:4] = (await c.mount(b"/other"))[2:4]
+        assert (await c.getattr(bytes(forged))).status == NfsStat3.NFS3ERR_BADHANDLE
+        await c.close()
+
+
+async def test_reload_changes_rules_for_the_next_call(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, exports())
+    async with running(cfg, seed()) as server:
+        c = await Client.connect(server.port)
+        gw = server.gateway
+        assert gw is not None
+        pfh = gw.handle_for(gw.by_path["/private"], "")
+        assert (await c.getattr(pfh)).status == ACCES
+        opened = server.conn_stats.opened
+        new = [
+            dataclasses.replace(e, clients=LOCAL if e.path == "/private" else e.clients)
+            for e in exports()
+        ]
+        new[0] = dataclasses.replace(new[0], clients=ELSEWHERE)  # /data now denied
+        changes = server.apply(dataclasses.replace(cfg, exports=tuple(new)))
+        assert changes["updated"] == ["/data", "/private"] and not changes["rebuilt"]
+        assert (await c.getattr(pfh)).status == OK  # same connection
+        assert (await c.mount(b"/private")) == pfh
+        assert (await c.mnt(b"/data")).status == mount3.MountStat3.MNT3ERR_ACCES
+        assert server.conn_stats.opened == opened and server.conn_stats.open == 1
+        await c.close()
+
+
+async def test_denials_are_logged_with_call_context_and_successes_are_not(
+    tmp_path: Path,
+) -> None:
+    buf = io.StringIO()
+    logs.configure("info", json=True, stream=buf, cache=False)
+    try:
+        async with running(make_config(tmp_path, exports()), seed()) as server:
+            c = await Client.connect(server.port)
+            root = await c.mount(b"/data")
+            for _ in range(5):
+                assert (await c.getattr(root)).status == OK
+            assert (await c.mnt(b"/private")).status == mount3.MountStat3.MNT3ERR_ACCES
+            await c.close()
+    finally:
+        structlog.reset_defaults()
+    lines = [json.loads(x) for x in buf.getvalue().splitlines()]
+    events = [x["event"] for x in lines]
+    (denied,) = [x for x in lines if x["event"] == "mount_denied"]
+    assert denied["proc"] == "MOUNT3.MNT" and denied["client"] == "127.0.0.1"
+    assert isinstance(denied["xid"], int) and denied["level"] == "warning"
+    assert "not in the clients" in denied["reason"] and denied["path"] == "/private"
+    # one line per connection open/close and per directory prefetch; none per call
+    assert events.count("connection_opened") == 1 and events.count("connection_closed") == 1
+    per_call = [x for x in lines if "xid" in x and x["event"] != "mount_denied"]
+    assert all(x["event"] == "dir_prefetched" for x in per_call), per_call
+    assert len(lines) < 10
