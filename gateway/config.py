@@ -18,6 +18,7 @@ The file (``/etc/nfsgw/nfsgw.toml`` by default; ``docs/operations.md`` has the r
               request_timeout_s, max_attempts, deadline_s
     [cache]   memory, metadata_memory, small_file_max, block_size, max_readahead, prefetch,
               coalesce
+    [writes]  spool_dir, spool_bytes, part_size, flush_idle_s, rename_max_entries
     [export_defaults]  any [[export]] key but path and backend
     [[export]] path, backend, read_only, clients, squash, anonuid, anongid, uid, gid,
               file_mode, dir_mode, attr_ttl_s, immutable, secure_port
@@ -687,7 +688,7 @@ class CheckResult:
         return [i for i in self.issues if i.severity == "warning"]
 
 
-_TOP = ("server", "admin", "log", "s3", "cache", "export_defaults", "export")
+_TOP = ("server", "admin", "log", "s3", "cache", "writes", "export_defaults", "export")
 
 
 def check_config(
@@ -910,6 +911,14 @@ def _build(ctx: _Ctx, raw: dict[str, Any], ov: Overrides) -> ServerConfig | None
         )
     )
 
+    wt = _Table(ctx, ("writes",), raw.get("writes", {}))
+    spool_dir = wt.get("spool_dir", _abs_path, None)
+    spool_bytes = wt.get("spool_bytes", _size(1 << 20), 2 << 30)
+    part_size = wt.get("part_size", _size(5 << 20, 5 << 30), 8 << 20)
+    flush_idle_s = wt.get("flush_idle_s", _seconds(0.001), 30.0)
+    rename_max_entries = wt.get("rename_max_entries", _int_in(1, 10_000_000), 1000)
+    wt.finish(("spool_dir", "spool_bytes", "part_size", "flush_idle_s", "rename_max_entries"))
+
     defaults = _export_fields(ctx, ("export_defaults",), raw.get("export_defaults", {}), {})
     exports = _exports(ctx, raw.get("export"), defaults or {})
 
@@ -941,6 +950,11 @@ def _build(ctx: _Ctx, raw: dict[str, Any], ov: Overrides) -> ServerConfig | None
             log=LogConfig(level, fmt),  # type: ignore[arg-type]
             drain_timeout_s=drain,
             source=Path(ctx.file) if ctx.file else None,
+            spool_dir=spool_dir,
+            spool_bytes=spool_bytes,
+            write_part_size=part_size,
+            write_flush_idle_s=flush_idle_s,
+            rename_max_entries=rename_max_entries,
         )
     except ConfigError as e:  # a rule the checks above missed: still reported, not raised
         ctx.error((), str(e))

@@ -11,9 +11,9 @@ Owns: the life cycle of one gateway process:
   read-only applies to the next call and keeps the export's caches; a change of backend,
   ``attr_ttl_s`` or ``immutable`` gives the export a fresh store and index (handles stay valid:
   they carry the export path's id). Settings that need a restart are logged, not applied.
-- ``stop`` (SIGTERM/SIGINT): ``STOPPING=1``, stop accepting, let in-flight calls finish for up
-  to ``drain_timeout_s``, abort what is left, close caches, stores and the admin API. The
-  process then exits 0.
+- ``stop`` (SIGTERM/SIGINT): ``STOPPING=1``, stop accepting, let in-flight calls finish and
+  staged writes upload, all within ``drain_timeout_s``, abort what is left, close caches,
+  stores and the admin API. The process then exits 0.
 
 Must not: contain protocol or cache logic.
 """
@@ -75,6 +75,11 @@ RESTART_ONLY = (
     "prefetch",
     "coalesce",
     "log",
+    "spool_dir",
+    "spool_bytes",
+    "write_part_size",
+    "write_flush_idle_s",
+    "rename_max_entries",
 )
 # Series created at start-up (rates start from 0): the read path.
 PREPARED_PROCS = (
@@ -171,6 +176,9 @@ class Server:
         self.metrics.add_stats("data", data_stats)
         self.metrics.add_stats("conn", self.conn_stats)
         self.metrics.add_stats("gateway", gw.stats)
+        writes = getattr(gw, "writes", None)  # the write path, when present
+        if writes is not None and getattr(writes, "stats", None) is not None:
+            self.metrics.add_stats("writes", writes.stats)
         self.metrics.add_stats("namespace", self._retired_ns)
         self.metrics.extra_collectors.append(self._server_families)
         for ec in c.exports:
@@ -442,6 +450,7 @@ class Server:
         self._stopped = True
         self.stopping = True
         timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        deadline = self.clock.monotonic() + timeout
         self.notifier.stopping(timeout)
         for s in self._servers:
             s.close()
@@ -485,6 +494,12 @@ class Server:
         for t in list(self._retiring):
             t.cancel()
         if self.gateway is not None:
+            writes = getattr(self.gateway, "writes", None)
+            if writes is not None:
+                # Staged writes are committed (uploaded) within what is left of the deadline;
+                # clients resend anything not committed (the write verifier changes).
+                left = max(0.0, deadline - self.clock.monotonic())
+                await writes.close(commit_timeout_s=left)
             # Fetches still in flight (read-ahead) use the stores: stop them first.
             await self.gateway.reader.close()
             for e in [*self.gateway.exports.values(), *self._retired_exports]:

@@ -356,3 +356,25 @@ def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     # serve refuses to start with the same report
     assert cli.main(["serve", "--config", str(bad)]) == 2
     assert "server.port" in capsys.readouterr().err
+
+
+def test_writes_table(tmp_path: Path) -> None:
+    text = (
+        ISSUE_SHAPE
+        + """[writes]
+spool_dir = "/srv/spool"
+spool_bytes = "1G"
+part_size = "16M"
+flush_idle_s = 5
+rename_max_entries = 50
+"""
+    )
+    cfg, _ = load_config(write(tmp_path, text))
+    assert cfg.spool_dir == Path("/srv/spool") and cfg.spool_bytes == 1 << 30
+    assert (cfg.write_part_size, cfg.write_flush_idle_s, cfg.rename_max_entries) == (
+        16 << 20,
+        5.0,
+        50,
+    )
+    r = check_config(write(tmp_path, ISSUE_SHAPE + '[writes]\npart_size = "1M"\n'))
+    assert "out of range" in errors(r.issues)["writes.part_size"].message
