@@ -44,6 +44,7 @@ __all__ = [
     "Counters",
     "GatewayProcess",
     "compare",
+    "parse_targets",
     "run_target",
     "write_outputs",
 ]
@@ -338,6 +339,17 @@ def _dataset_info(manifest: Manifest, spec: WorkloadSpec) -> dict[str, Any]:
         "classes": len({e.path.split("/", 1)[0] for e in entries}),
         "spec": manifest.spec,
     }
+
+
+def parse_targets(specs: list[str]) -> list[tuple[str, str]]:
+    """``--target [NAME=]nfs://...`` values -> (name, url); unnamed ones are nfs-1, nfs-2..."""
+    out = []
+    for i, s in enumerate(specs):
+        name, sep, url = s.partition("=")
+        if not sep or name.startswith("nfs:"):
+            name, url = f"nfs-{i + 1}", s
+        out.append((name, url))
+    return out
 
 
 async def compare(

@@ -174,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--pattern", choices=["kernel", "cv2", "manifest"], default="kernel")
     d.add_argument("--backend-latency-ms", type=float, default=10.0)
     d.add_argument("--configs", default="off,prefetch,both")
+    d.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="[NAME=]nfs://HOST:PORT/EXPORT",
+        help="also run against another NFSv3 server serving the same tree (make-dataset "
+        "--classes/--files-per-class/--seed as here, --out DIR); repeatable",
+    )
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--quiet", action="store_true")
     return p
@@ -293,18 +301,8 @@ async def _epochs(a: argparse.Namespace) -> int:
     return _finish(run, a)
 
 
-def _targets(specs: list[str]) -> list[tuple[str, str]]:
-    out = []
-    for i, s in enumerate(specs):
-        name, sep, url = s.partition("=")
-        if not sep or name.startswith("nfs:"):
-            name, url = f"nfs-{i + 1}", s
-        out.append((name, url))
-    return out
-
-
 async def _compare(a: argparse.Namespace) -> int:
-    from loadgen.bench import compare
+    from loadgen.bench import compare, parse_targets
 
     env = dict(os.environ)
     if a.s3_access_key and a.s3_secret_key:
@@ -316,7 +314,7 @@ async def _compare(a: argparse.Namespace) -> int:
         s3_url=a.s3,
         s3_endpoint_url=a.s3_endpoint_url,
         configs=configs,
-        extra_targets=_targets(a.target),
+        extra_targets=parse_targets(a.target),
         epochs=a.epochs,
         backend_latency_ms=a.backend_latency_ms,
         backend_bandwidth_mbps=a.backend_bandwidth_mbps,

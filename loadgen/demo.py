@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadgen.bench import compare, write_outputs
+from loadgen.bench import compare, parse_targets, write_outputs
 from loadgen.dataset import DatasetSpec, make_dataset, parse_per_class
 from loadgen.progress import fmt_bytes, say
 from loadgen.report import to_markdown
@@ -107,7 +107,7 @@ async def _demo(a: argparse.Namespace, out: Path) -> int:
             s3_url=s3_url,
             s3_endpoint_url=sw.endpoint_url,
             configs=configs,
-            extra_targets=[],
+            extra_targets=parse_targets(a.target),
             epochs=a.epochs,
             backend_latency_ms=a.backend_latency_ms,
             gateway_env=env,

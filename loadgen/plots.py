@@ -52,13 +52,16 @@ def write_plots(run: RunReport, out_dir: str | Path) -> list[Path]:
 
     # 2. per-file latency CDF
     fig, ax = plt.subplots(figsize=(7, 4))
-    for t in targets:
+    styles = ["-", "--", ":", "-."]
+    for i, t in enumerate(targets):
+        color = f"C{i % 10}"  # one colour per target, one line style per epoch
         for e in t.epochs:
             if not e.cdf_ms:
                 continue
             xs = [max(x, 1e-3) for x, _ in e.cdf_ms]
             ys = [y for _, y in e.cdf_ms]
-            ax.plot(xs, ys, label=f"{t.name} e{e.epoch}", linestyle="-" if e.epoch == 1 else "--")
+            style = styles[(e.epoch - 1) % len(styles)]
+            ax.plot(xs, ys, color=color, linestyle=style, label=f"{t.name} e{e.epoch}")
     ax.set_xscale("log")
     ax.set_xlabel("per-file latency (ms, log)")
     ax.set_ylabel("fraction of files")

@@ -238,7 +238,7 @@ def build_epoch(
         gateway_rpc=gateway_rpc,
         requests_per_image=rpi,
         cache=cache,
-        includes_setup_requests=setup is not None,
+        includes_setup_requests=setup is not None and counts is not None,
         cdf_ms=cdf_points(ms),
     )
 

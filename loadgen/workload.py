@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from loadgen.dataset import Manifest, ManifestEntry
-from loadgen.nfsclient import ACCESS_FILE_READ, NfsClient
+from loadgen.nfsclient import ACCESS_FILE_READ, NfsClient, NfsError, RpcError
 from nfsproto import nfs3
 
 __all__ = [
@@ -493,6 +493,8 @@ def _node_main(conn: multiprocessing.connection.Connection, spec: WorkloadSpec, 
             except Exception as e:  # reported to the parent, which fails the run
                 if isinstance(e, DataMismatch):
                     conn.send(("mismatch", f"node {rank}: {e}"))
+                elif isinstance(e, NfsError | RpcError | OSError | TimeoutError):
+                    conn.send(("error", f"node {rank}: {type(e).__name__}: {e}"))
                 else:
                     tb = traceback.format_exc(limit=6)
                     conn.send(("error", f"node {rank}: {type(e).__name__}: {e}\n{tb}"))

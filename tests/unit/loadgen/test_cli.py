@@ -110,7 +110,7 @@ async def test_epochs_report_and_a_corrupted_file(tmp_path: Path) -> None:
             str(tmp_path / "report"),
         )
         assert rc == 0, err
-        assert "| target | 1* | " in out and "| target | 2 | " in out
+        assert "| target | 1 | " in out and "| target | 2 | " in out
         report = json.loads((tmp_path / "report" / "report.json").read_text())
         (t,) = report["targets"]
         assert [e["files"] for e in t["epochs"]] == [12, 12]
