@@ -20,6 +20,7 @@ from gateway.dispatch import CallContext
 from gateway.errors import AccessDenied, BadHandle, CrossDevice, NotFound, StaleHandle
 from gateway.namespace.handles import HandleCodec, fileid
 from gateway.namespace.index import Entry, EntryKind, Namespace
+from gateway.writes import WriteConfig, WriteManager
 from nfsproto.nfs3 import Fattr3, Ftype3, NfsTime3, Specdata3
 
 _FTYPE = {
@@ -78,6 +79,11 @@ class Gateway:
     port: int = 0
     portmap_port: int = 0
     stats: GatewayStats = field(default_factory=GatewayStats)
+    # Staged writes and object mutations (gateway.writes); its spool lives in the state dir.
+    writes: WriteManager = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.writes = WriteManager(WriteConfig.from_server(self.config), self.reader)
 
     def add_export(self, e: Export) -> None:
         if e.id in self.exports:

@@ -11,6 +11,7 @@ from gateway.dispatch import CallContext, Dispatcher, Procedure
 from gateway.errors import GatewayError
 from gateway.handlers import (
     access,
+    create,
     fsinfo,
     getattr,
     lookup,
@@ -20,6 +21,10 @@ from gateway.handlers import (
     readdir,
     readlink,
     readonly,
+    remove,
+    rename,
+    setattr,
+    write,
 )
 from nfsproto import mount3, nfs3
 from nfsproto import portmap as pmap
@@ -47,26 +52,26 @@ Fail = Callable[[GatewayError, Any], Any]
 # proc -> (handler, failure body)
 _NFS: dict[Nfs3Proc, tuple[Handler, Fail]] = {
     Nfs3Proc.GETATTR: (getattr.getattr3, getattr.getattr3_fail),
-    Nfs3Proc.SETATTR: (readonly.setattr3, readonly.setattr3_fail),
+    Nfs3Proc.SETATTR: (setattr.setattr3, setattr.setattr3_fail),
     Nfs3Proc.LOOKUP: (lookup.lookup3, lookup.lookup3_fail),
     Nfs3Proc.ACCESS: (access.access3, access.access3_fail),
     Nfs3Proc.READLINK: (readlink.readlink3, readlink.readlink3_fail),
     Nfs3Proc.READ: (read.read3, read.read3_fail),
-    Nfs3Proc.WRITE: (readonly.write3, readonly.write3_fail),
-    Nfs3Proc.CREATE: (readonly.create3, readonly.create3_fail),
-    Nfs3Proc.MKDIR: (readonly.mkdir3, readonly.mkdir3_fail),
-    Nfs3Proc.SYMLINK: (readonly.symlink3, readonly.symlink3_fail),
+    Nfs3Proc.WRITE: (write.write3, write.write3_fail),
+    Nfs3Proc.CREATE: (create.create3, create.create3_fail),
+    Nfs3Proc.MKDIR: (create.mkdir3, create.mkdir3_fail),
+    Nfs3Proc.SYMLINK: (create.symlink3, create.symlink3_fail),
     Nfs3Proc.MKNOD: (readonly.mknod3, readonly.mknod3_fail),
-    Nfs3Proc.REMOVE: (readonly.remove3, readonly.remove3_fail),
-    Nfs3Proc.RMDIR: (readonly.rmdir3, readonly.rmdir3_fail),
-    Nfs3Proc.RENAME: (readonly.rename3, readonly.rename3_fail),
+    Nfs3Proc.REMOVE: (remove.remove3, remove.remove3_fail),
+    Nfs3Proc.RMDIR: (remove.rmdir3, remove.rmdir3_fail),
+    Nfs3Proc.RENAME: (rename.rename3, rename.rename3_fail),
     Nfs3Proc.LINK: (readonly.link3, readonly.link3_fail),
     Nfs3Proc.READDIR: (readdir.readdir3, readdir.readdir3_fail),
     Nfs3Proc.READDIRPLUS: (readdir.readdirplus3, readdir.readdirplus3_fail),
     Nfs3Proc.FSSTAT: (fsinfo.fsstat3, fsinfo.fsstat3_fail),
     Nfs3Proc.FSINFO: (fsinfo.fsinfo3, fsinfo.fsinfo3_fail),
     Nfs3Proc.PATHCONF: (fsinfo.pathconf3, fsinfo.pathconf3_fail),
-    Nfs3Proc.COMMIT: (readonly.commit3, readonly.commit3_fail),
+    Nfs3Proc.COMMIT: (write.commit3, write.commit3_fail),
 }
 
 

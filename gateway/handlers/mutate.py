@@ -1,0 +1,118 @@
+"""Helpers shared by the mutating procedures: weak cache consistency data (RFC 1813 §2.6
+wcc_data), the checks every mutation makes (read-only export, directory, name, key length,
+permission by mode bits after squashing) and the metadata a new object carries.
+
+Must not: touch the backend (``gateway.writes`` does) or encode replies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from gateway.core import Export, creds, fattr
+from gateway.dispatch import CallContext
+from gateway.errors import (
+    AccessDenied,
+    InvalidArgument,
+    NameTooLong,
+    NotDirectory,
+    NotFound,
+    ReadOnly,
+)
+from gateway.handlers.common import check_name
+from gateway.namespace.index import Entry, EntryKind, join_path
+from gateway.writes import META_GID, META_MODE, META_UID
+from nfsproto.nfs3 import Sattr3, WccAttr, WccData
+
+# S3's key length limit (UTF-8 bytes).
+MAX_KEY = 1024
+R_OK, W_OK, X_OK = 4, 2, 1
+
+
+def pre_op(export: Export, e: Entry) -> WccAttr:
+    """The wcc_attr of ``e`` now (before a mutation changes it)."""
+    a = fattr(export, e)
+    return WccAttr(a.size, a.mtime, a.ctime)
+
+
+def wcc_unchanged(export: Export, e: Entry) -> WccData:
+    """wcc_data for an object that was not modified: before == after."""
+    a = fattr(export, e)
+    return WccData(WccAttr(a.size, a.mtime, a.ctime), a)
+
+
+async def wcc_after(export: Export, before: WccAttr, path: str) -> WccData:
+    """wcc_data of the directory (or file) at ``path`` after a mutation; no post-op
+    attributes if it is gone."""
+    try:
+        e = await export.ns.getattr(path)
+    except NotFound:
+        return WccData(before, None)
+    return WccData(before, fattr(export, e))
+
+
+def check_writable(export: Export) -> None:
+    if export.cfg.read_only:
+        raise ReadOnly(export.cfg.path)
+
+
+def check_dir(e: Entry) -> None:
+    if e.kind is not EntryKind.DIR:
+        raise NotDirectory(e.path)
+
+
+def new_name(export: Export, dir_path: str, raw: bytes, *, is_dir: bool = False) -> str:
+    """A component name for a new or removed entry -> its path. "." and ".." are invalid
+    here; the full key must fit S3's 1,024 bytes (a directory marker adds '/')."""
+    if raw in (b".", b".."):
+        raise InvalidArgument(f"name {raw!r}")
+    path = join_path(dir_path, check_name(raw))
+    if len((export.prefix + path).encode("utf-8")) + int(is_dir) > MAX_KEY:
+        raise NameTooLong(path[:64])
+    return path
+
+
+def perm_bits(ctx: CallContext, export: Export, e: Entry) -> int:
+    """The rwx bits the caller (after squashing) has on ``e``; root has all."""
+    uid, gid, gids = creds(ctx, export)
+    if uid == 0:
+        return 7
+    a = fattr(export, e)
+    if uid == a.uid:
+        return (a.mode >> 6) & 7
+    if a.gid == gid or a.gid in gids:
+        return (a.mode >> 3) & 7
+    return a.mode & 7
+
+
+def check_dir_write(ctx: CallContext, export: Export, d: Entry) -> None:
+    """Adding or removing a name needs write and search permission on the directory."""
+    if perm_bits(ctx, export, d) & (W_OK | X_OK) != W_OK | X_OK:
+        raise AccessDenied(f"no write permission on directory {d.path!r}")
+
+
+def is_owner(ctx: CallContext, export: Export, e: Entry) -> bool:
+    uid = creds(ctx, export)[0]
+    return uid == 0 or uid == fattr(export, e).uid
+
+
+def new_object_metadata(ctx: CallContext, export: Export, sattr: Sattr3 | None) -> dict[str, str]:
+    """Owner (the caller after squashing) and, when given, mode of a new object. Only root
+    may give it another owner."""
+    uid, gid, _ = creds(ctx, export)
+    meta = {META_UID: str(uid), META_GID: str(gid)}
+    if sattr is not None:
+        if sattr.mode is not None:
+            meta[META_MODE] = f"{sattr.mode & 0o7777:o}"
+        if uid == 0:
+            if sattr.uid is not None:
+                meta[META_UID] = str(sattr.uid)
+            if sattr.gid is not None:
+                meta[META_GID] = str(sattr.gid)
+    return meta
+
+
+async def lookup_opt(export: Export, dir_path: str, name: str) -> Entry | None:
+    with contextlib.suppress(NotFound):
+        return await export.ns.lookup(dir_path, name)
+    return None

@@ -1,0 +1,109 @@
+"""RENAME (RFC 1813 §3.3.14). Object stores cannot rename, so:
+
+- A file or symlink is copied server-side (metadata kept) over the target, then the source
+  is deleted. The copy replaces the target in one step, so from the client's point of view
+  the target is replaced atomically; others may briefly see both names. Staged writes of the
+  source are committed first; staged writes of the target are dropped.
+- A directory is copied key by key (at most ``rename_max_entries`` keys, else
+  NFS3ERR_NOTSUPP), then its keys are deleted; the index shows the result at once. It is not
+  atomic for other clients.
+- POSIX rules: renaming onto itself succeeds and does nothing; a directory into its own
+  subtree is NFS3ERR_INVAL; a file over a directory NFS3ERR_ISDIR; a directory over a file
+  NFS3ERR_NOTDIR; a directory over a non-empty directory NFS3ERR_NOTEMPTY; across exports
+  NFS3ERR_XDEV.
+- File handles name keys (DESIGN §3), so a handle of the old name (an open file, the Linux
+  client's silly rename of an open file that is removed) is stale afterwards (docs/posix.md).
+"""
+
+from __future__ import annotations
+
+from gateway.core import Export, Gateway
+from gateway.dispatch import CallContext
+from gateway.errors import (
+    GatewayError,
+    InvalidArgument,
+    IsDirectory,
+    NotDirectory,
+    NotEmpty,
+    NotSupported,
+)
+from gateway.handlers.mutate import (
+    check_dir,
+    check_dir_write,
+    check_writable,
+    lookup_opt,
+    new_name,
+    pre_op,
+    wcc_after,
+    wcc_unchanged,
+)
+from gateway.namespace.index import EntryKind, split_path
+from nfsproto.nfs3 import NfsStat3, Rename3Args, Rename3Res
+
+
+async def rename3(gw: Gateway, ctx: CallContext, args: Rename3Args) -> Rename3Res:
+    export, fd = await gw.resolve(ctx, args.from_.dir)
+    texport, td = await gw.resolve(ctx, args.to.dir)
+    fbefore, tbefore = pre_op(export, fd), pre_op(texport, td)
+    if texport.id != export.id:
+        return Rename3Res(
+            NfsStat3.NFS3ERR_XDEV, wcc_unchanged(export, fd), wcc_unchanged(texport, td)
+        )
+    try:
+        check_writable(export)
+        check_dir(fd)
+        check_dir(td)
+        src = new_name(export, fd.path, args.from_.name)
+        dst = new_name(export, td.path, args.to.name, is_dir=True)
+        check_dir_write(ctx, export, fd)
+        check_dir_write(ctx, export, td)
+    except GatewayError as err:
+        return Rename3Res(err.status, wcc_unchanged(export, fd), wcc_unchanged(export, td))
+    try:
+        async with gw.writes.lock(export, src, dst):
+            s = await export.ns.lookup(fd.path, split_path(src)[1])
+            if src != dst:
+                await _rename(gw, export, s.kind, src, dst)
+    except GatewayError as err:
+        return Rename3Res(
+            err.status,
+            await wcc_after(export, fbefore, fd.path),
+            await wcc_after(export, tbefore, td.path),
+        )
+    return Rename3Res(
+        NfsStat3.NFS3_OK,
+        await wcc_after(export, fbefore, fd.path),
+        await wcc_after(export, tbefore, td.path),
+    )
+
+
+async def _rename(gw: Gateway, export: Export, kind: EntryKind, src: str, dst: str) -> None:
+    writes = gw.writes
+    dparent, dname = split_path(dst)
+    t = await lookup_opt(export, dparent, dname)
+    if kind is EntryKind.DIR:
+        if dst.startswith(src + "/"):
+            raise InvalidArgument(f"{src!r} into its own subtree {dst!r}")
+        if t is not None:
+            if t.kind is not EntryKind.DIR:
+                raise NotDirectory(dst)
+            page = await export.ns.readdir(dst, 0, b"\0" * 8, 1)
+            if page.entries or await writes.dir_has_entries(export, dst):
+                raise NotEmpty(dst)
+        for sf in writes.staged_under(export, src):
+            await writes.commit(export, sf.path)
+        keys = await writes.list_tree(export, src, writes.cfg.rename_max_entries)
+        if keys is None:
+            raise NotSupported(
+                f"directory {src!r} has more than {writes.cfg.rename_max_entries} keys"
+            )
+        await writes.rename_tree(export, src, dst, keys)
+        return
+    if t is not None and t.kind is EntryKind.DIR:
+        raise IsDirectory(dst)
+    await writes.commit_locked(export, src)
+    await writes.rename_object(export, src, dst)
+
+
+def rename3_fail(e: GatewayError, args: Rename3Args) -> Rename3Res:
+    return Rename3Res(e.status)

@@ -1,0 +1,183 @@
+"""Spool files on local disk for data written but not yet uploaded, under one byte budget.
+
+Owns: the spool directory (created at start, emptied of a previous run's files), one sparse
+file per staged object, the budget of staged bytes, the bounded thread pool every spool file
+operation runs in (the event loop never touches the disk), and the journal of multipart
+uploads in flight (``<id>.upload``), so uploads orphaned by a crash are aborted after the
+restart. Must not: know about NFS, objects or the backend (the manager does).
+
+The spool holds no data worth recovering: after a crash the write verifier changes and the
+clients resend everything they had not seen committed (RFC 1813 §3.3.7), so start-up deletes
+every spool file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+_UPLOAD_SUFFIX = ".upload"
+_SPOOL_SUFFIX = ".spool"
+
+
+class BudgetExceeded(Exception):
+    """Staging ``n`` more bytes would pass the budget."""
+
+
+class Spool:
+    def __init__(self, directory: Path, budget_bytes: int, threads: int) -> None:
+        self.dir = directory
+        self.budget_bytes = budget_bytes
+        self.used_bytes = 0
+        self.files = 0
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self.orphan_uploads: list[dict[str, str]] = []
+        self._started = False
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the directory, collect the previous run's upload journal, delete its spool
+        files (blocking; called once, before the first staged write)."""
+        if self._started:
+            return
+        self._started = True
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for p in self.dir.iterdir():
+            if p.name.endswith(_UPLOAD_SUFFIX):
+                with contextlib.suppress(OSError, ValueError):
+                    rec = json.loads(p.read_text())
+                    if isinstance(rec, dict):
+                        self.orphan_uploads.append({str(k): str(v) for k, v in rec.items()})
+            if p.name.endswith((_UPLOAD_SUFFIX, _SPOOL_SUFFIX)) or p.name.startswith(".tmp-"):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+        if self.orphan_uploads:
+            log.info("spool_orphans_found", uploads=len(self.orphan_uploads))
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run blocking ``fn`` in the spool's thread pool."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="nfsgw-spool")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=False)  # never block the loop
+            self._pool = None
+
+    # -- budget ---------------------------------------------------------------------------
+
+    def reserve(self, n: int) -> None:
+        if n > 0 and self.used_bytes + n > self.budget_bytes:
+            raise BudgetExceeded(f"{n} B over the spool budget ({self.used_bytes} B used)")
+        self.used_bytes += n
+
+    def release(self, n: int) -> None:
+        self.used_bytes = max(0, self.used_bytes - n)
+
+    # -- files ----------------------------------------------------------------------------
+
+    async def open_file(self) -> SpoolFile:
+        name = uuid.uuid4().hex
+        path = self.dir / (name + _SPOOL_SUFFIX)
+        fd = await self.run(
+            functools.partial(os.open, path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        )
+        self.files += 1
+        return SpoolFile(self, name, path, fd)
+
+    async def journal_upload(self, name: str, record: dict[str, str]) -> None:
+        """Record a multipart upload in flight (``name`` is the spool file's)."""
+        path = self.dir / (name + _UPLOAD_SUFFIX)
+
+        def write() -> None:
+            tmp = self.dir / f".tmp-{name}"
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, path)
+
+        await self.run(write)
+
+    async def forget_upload(self, name: str) -> None:
+        path = self.dir / (name + _UPLOAD_SUFFIX)
+        await self.run(functools.partial(_unlink, path))
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+class SpoolFile:
+    """One sparse file. Reads of never-written ranges return zeros (the caller overlays)."""
+
+    __slots__ = ("closed", "fd", "name", "path", "spool")
+
+    def __init__(self, spool: Spool, name: str, path: Path, fd: int) -> None:
+        self.spool = spool
+        self.name = name
+        self.path = path
+        self.fd = fd
+        self.closed = False
+
+    async def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> None:
+        fd = self.fd
+
+        def write() -> None:
+            view = memoryview(data)
+            off = offset
+            while view:  # pwrite may write less than asked
+                n = os.pwrite(fd, view, off)
+                view = view[n:]
+                off += n
+
+        await self.spool.run(write)
+
+    async def read_into(self, buf: bytearray, ranges: list[tuple[int, int]], base: int) -> None:
+        """Copy each file range ``[lo, hi)`` into ``buf[lo - base : hi - base]``."""
+        fd = self.fd
+
+        def read() -> None:
+            mv = memoryview(buf)
+            for lo, hi in ranges:
+                off = lo
+                while off < hi:
+                    n = os.preadv(fd, [mv[off - base : hi - base]], off)
+                    if n <= 0:  # a hole past EOF of a sparse file: zeros already there
+                        break
+                    off += n
+
+        await self.spool.run(read)
+
+    async def truncate(self, size: int) -> None:
+        await self.spool.run(functools.partial(os.ftruncate, self.fd, size))
+
+    async def close(self) -> None:
+        """Close and delete (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        fd, path = self.fd, self.path
+
+        def drop() -> None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            _unlink(path)
+
+        self.spool.files -= 1
+        await self.spool.run(drop)
