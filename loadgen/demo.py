@@ -40,7 +40,9 @@ PREFIX = "train"
 def run_demo(a: argparse.Namespace) -> int:
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(_demo(a, out))
+    from loadgen.cli import run
+
+    return run(_demo(a, out))
 
 
 async def _demo(a: argparse.Namespace, out: Path) -> int:
