@@ -194,3 +194,25 @@ async def test_connection_limit(tmp_path: Path) -> None:
         await d.mount(b"/data")
         for cl in (b, c, d):
             await cl.close()
+
+
+async def test_stop_uploads_staged_writes(tmp_path: Path) -> None:
+    from nfsproto import nfs3
+
+    cfg = make_config(tmp_path, [ExportConfig("/rw", "s3://b/rw/", squash="none")])
+    stores = Stores({"/rw": {"rw/keep": b"k"}})
+    async with running(cfg, stores) as server:
+        c = await Client.connect(server.port)
+        root = await c.mount(b"/rw")
+        how = nfs3.CreateHow3(nfs3.CreateMode3.UNCHECKED, nfs3.Sattr3())
+        cr = await c.nfs(
+            nfs3.Nfs3Proc.CREATE, nfs3.Create3Args(nfs3.Diropargs3(root, b"staged"), how)
+        )
+        wr = await c.nfs(
+            nfs3.Nfs3Proc.WRITE,
+            nfs3.Write3Args(cr.obj, 0, 5, nfs3.StableHow.UNSTABLE, b"hello"),
+        )
+        assert wr.status == OK and wr.committed == nfs3.StableHow.UNSTABLE
+        await server.stop(drain_timeout_s=30)  # no COMMIT was sent
+    store = stores.by_path["/rw"]
+    assert (await store.get("rw/staged")).data == b"hello"

@@ -277,3 +277,44 @@ async def test_denials_are_logged_with_call_context_and_successes_are_not(
     per_call = [x for x in lines if "xid" in x and x["event"] != "mount_denied"]
     assert all(x["event"] == "dir_prefetched" for x in per_call), per_call
     assert len(lines) < 10
+
+
+async def test_squash_applies_to_mutating_procedures(tmp_path: Path) -> None:
+    cfgs = [
+        # directories 0755 owned by root: only an unsquashed root may create
+        ExportConfig("/rw", "s3://b/rw/", clients=LOCAL),
+        ExportConfig("/rwnone", "s3://b/rwnone/", clients=LOCAL, squash="none"),
+        # everyone is 1000:1000, the owner of the objects
+        ExportConfig(
+            "/rwall",
+            "s3://b/rwall/",
+            clients=LOCAL,
+            squash="all",
+            anonuid=1000,
+            anongid=1000,
+            uid=1000,
+            gid=1000,
+        ),
+    ]
+    stores = Stores({p: {f"{p.strip('/')}/old.txt": b"old"} for p in ("/rw", "/rwnone", "/rwall")})
+    how = nfs3.CreateHow3(nfs3.CreateMode3.UNCHECKED, nfs3.Sattr3())
+    async with running(make_config(tmp_path, cfgs), stores) as server:
+        c = await Client.connect(server.port)  # uid 0
+        results = {}
+        for path in (b"/rw", b"/rwnone", b"/rwall"):
+            root = await c.mount(path)
+            cr = await c.nfs(Nfs3Proc.CREATE, nfs3.Create3Args(nfs3.Diropargs3(root, b"new"), how))
+            rm = await c.nfs(Nfs3Proc.REMOVE, nfs3.Remove3Args(nfs3.Diropargs3(root, b"old.txt")))
+            md = await c.nfs(
+                Nfs3Proc.MKDIR, nfs3.Mkdir3Args(nfs3.Diropargs3(root, b"sub"), nfs3.Sattr3())
+            )
+            results[path] = (cr, rm, md)
+        assert [r.status for r in results[b"/rw"]] == [ACCES] * 3
+        assert [r.status for r in results[b"/rwnone"]] == [OK] * 3
+        assert [r.status for r in results[b"/rwall"]] == [OK] * 3
+        # what root created on an all_squash export belongs to the mapped identity
+        created = results[b"/rwall"][0]
+        assert created.obj_attributes.uid == 1000 and created.obj_attributes.gid == 1000
+        none_created = results[b"/rwnone"][0]
+        assert none_created.obj_attributes.uid == 0
+        await c.close()
