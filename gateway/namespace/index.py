@@ -583,6 +583,8 @@ class Namespace:
     def _freshness(self, d: _Dir) -> _Fresh:
         if d.view is None:
             return "none"
+        if d.listed_at == -math.inf:  # invalidated: re-list before serving (also if immutable)
+            return "expired"
         age = self.clock.monotonic() - d.listed_at
         if age <= self._ttl:
             return "fresh"

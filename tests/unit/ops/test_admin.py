@@ -150,13 +150,7 @@ async def test_bearer_token(tmp_path: Path) -> None:
     "immutable",
     [
         False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                reason="namespace: an invalidated directory of an immutable export still counts "
-                "as fresh (Namespace._freshness: age inf <= ttl inf)"
-            ),
-        ),
+        True,
     ],
 )
 async def test_invalidate(tmp_path: Path, immutable: bool) -> None:
