@@ -161,7 +161,7 @@ def _add_config_flags(s: argparse.ArgumentParser) -> None:
         f"{default_cache_memory() >> 20} MiB)",
     )
     c.add_argument(
-        "--metadata-memory", type=_size, help="directory index budget across exports (256M)"
+        "--metadata-memory", type=_size, help="directory index budget across exports (1G)"
     )
     c.add_argument(
         "--small-file-max", type=_size, help="objects up to this size are fetched whole (4M)"

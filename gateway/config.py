@@ -211,7 +211,7 @@ class ServerConfig:
     exports: tuple[ExportConfig, ...] = ()
     s3: S3Config = field(default_factory=S3Config)
     cache_memory: int = field(default_factory=default_cache_memory)
-    metadata_memory: int = 256 << 20
+    metadata_memory: int = 1 << 30  # ~525 B per entry: ImageNet (1.28 M files) needs ~670 MB
     small_file_max: int = 4 << 20
     block_size: int = 1 << 20
     max_readahead: int = 32 << 20
@@ -893,7 +893,7 @@ def _build(ctx: _Ctx, raw: dict[str, Any], ov: Overrides) -> ServerConfig | None
 
     ct = _Table(ctx, ("cache",), raw.get("cache", {}))
     cache_memory = ct.get("memory", _size(0), None)
-    metadata_memory = ct.get("metadata_memory", _size(1 << 20), 256 << 20)
+    metadata_memory = ct.get("metadata_memory", _size(1 << 20), 1 << 30)
     small_file_max = ct.get("small_file_max", _size(0, 1 << 30), 4 << 20)
     block_size = ct.get("block_size", _size(4096, 256 << 20), 1 << 20)
     max_readahead = ct.get("max_readahead", _size(0, 1 << 34), 32 << 20)
