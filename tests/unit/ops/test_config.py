@@ -79,7 +79,7 @@ def test_example_config_in_systemd_dir_is_valid() -> None:
     assert (scratch.file_mode, scratch.dir_mode) == (0o644, 0o755) and scratch.secure_port
     imagenet = r.config.exports[0]
     assert imagenet.immutable and imagenet.attr_ttl_s == 60  # from [export_defaults]
-    assert r.config.cache_memory == 8 << 30 and r.config.metadata_memory == 256 << 20
+    assert r.config.cache_memory == 8 << 30 and r.config.metadata_memory == 1 << 30
 
 
 def test_every_error_has_its_line_and_a_fix(tmp_path: Path) -> None:
