@@ -87,7 +87,7 @@ def backend_ops(d: Samples) -> dict[str, int]:
         if k.startswith("nfsgw_s3_requests_total{"):
             op = _labels(k).get("op", "?")
             out[op.upper()] += round(v)
-    return dict(out)
+    return {k: v for k, v in out.items() if v}
 
 
 def rpc_ops(d: Samples) -> dict[str, int]:
@@ -96,7 +96,7 @@ def rpc_ops(d: Samples) -> dict[str, int]:
     for k, v in d.items():
         if k.startswith("nfsgw_rpc_requests_total{"):
             out[_labels(k).get("proc", "?")] += round(v)
-    return dict(out)
+    return {k: v for k, v in out.items() if v}
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -140,6 +140,7 @@ nfsgw_s3_requests_total{op="get",outcome="retry"} 1.0
 nfsgw_s3_requests_created{op="get",outcome="ok"} 1.7e9
 # TYPE nfsgw_rpc_requests_total counter
 nfsgw_rpc_requests_total{proc="READ",status="NFS3_OK"} 10.0
+nfsgw_rpc_requests_total{proc="WRITE",status="NFS3_OK"} 0.0
 # TYPE nfsgw_rpc_duration_seconds histogram
 nfsgw_rpc_duration_seconds_bucket{le="0.001",proc="READ"} 10.0
 nfsgw_rpc_duration_seconds_bucket{le="+Inf",proc="READ"} 10.0
