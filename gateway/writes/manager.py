@@ -185,6 +185,7 @@ class StagedFile:
         "path",
         "reserved",
         "size",
+        "streaming",
         "streams",
         "truncated",
         "upload",
@@ -207,6 +208,7 @@ class StagedFile:
         self.upload: _Upload | None = None
         self.creating_upload: asyncio.Future[_Upload] | None = None
         self.streams: set[asyncio.Task[None]] = set()
+        self.streaming: set[int] = set()  # parts with an upload task
         self.last_write = now
         self.closed = False
 
@@ -750,16 +752,24 @@ class WriteManager:
 
     def _stream_full_parts(self, sf: StagedFile, lo: int, hi: int) -> None:
         part = self.cfg.part_size
-        for i in range(lo // part, (hi - 1) // part + 1 if hi > lo else lo // part):
+        # The parts this write fills, and the one before it (full once data follows it).
+        for i in range(max(0, lo // part - 1), (hi - 1) // part + 1):
             plo, phi = i * part, (i + 1) * part
-            if phi > sf.size or not sf.extents.covers(plo, phi):
+            # Only a part with data after it: a file that ends up one part long is one PUT.
+            if phi >= sf.size or not sf.extents.covers(plo, phi):
                 continue
             up = sf.upload
-            if up is not None and self._part_valid(sf, up, i):
+            if i in sf.streaming or (up is not None and self._part_valid(sf, up, i)):
                 continue
+            sf.streaming.add(i)
             task = asyncio.get_running_loop().create_task(self._stream_part(sf, i))
             sf.streams.add(task)
-            task.add_done_callback(sf.streams.discard)
+
+            def done(t: asyncio.Task[None], i: int = i) -> None:
+                sf.streams.discard(t)
+                sf.streaming.discard(i)
+
+            task.add_done_callback(done)
 
     async def _stream_part(self, sf: StagedFile, i: int) -> None:
         try:
@@ -888,6 +898,9 @@ class WriteManager:
 
         async def copy(k: str) -> None:
             async with sem:
+                if k.endswith("/"):  # a marker: some stores (SeaweedFS) cannot copy those
+                    await store.put(dst_prefix + k[len(src_prefix) :], b"", {})
+                    return
                 info = await store.copy(k, dst_prefix + k[len(src_prefix) :])
                 self.remember(export, info, info.metadata)
 
