@@ -3,7 +3,7 @@ the index before the reply (the parent's mtime and cookie verifier change).
 
 - CREATE puts an empty object carrying the creator's uid/gid (after squashing) and the
   requested mode, so a client that resends its writes after a restart finds the file.
-  UNCHECKED on an existing file applies the attributes (``size`` 0 truncates); GUARDED on an
+  UNCHECKED on an existing file applies only ``size`` (O_TRUNC), not the mode; GUARDED on an
   existing name is NFS3ERR_EXIST; EXCLUSIVE stores the client's verifier as ``createverf``
   metadata, and a retransmitted EXCLUSIVE CREATE with the same verifier succeeds (§3.3.8).
 - MKDIR puts the ``dir/`` marker object.
@@ -59,7 +59,7 @@ async def _prepare(
         check_writable(export)
         check_dir(d)
         path = new_name(export, d.path, where.name, is_dir=is_dir)
-        check_dir_write(ctx, export, d)
+        check_dir_write(gw, ctx, export, d)
     except GatewayError as e:
         raise _WithWcc(e, wcc_unchanged(export, d)) from e
     return export, d, before, path
@@ -106,8 +106,10 @@ async def create3(gw: Gateway, ctx: CallContext, args: Create3Args) -> Create3Re
                 if how.mode is CreateMode3.EXCLUSIVE:
                     if not await _verifier_matches(gw, export, e, how.verf):
                         raise Exists(path)
-                elif how.obj_attributes is not None:  # UNCHECKED: set the attributes
-                    e = await apply_sattr(gw, export, e, how.obj_attributes)
+                elif how.obj_attributes is not None and how.obj_attributes.size is not None:
+                    # UNCHECKED on an existing file: the attributes are for a new file; only
+                    # a size (O_TRUNC) applies, as knfsd does
+                    e = await apply_sattr(gw, export, e, Sattr3(size=how.obj_attributes.size))
             else:
                 sattr = how.obj_attributes if how.mode is not CreateMode3.EXCLUSIVE else None
                 meta = new_object_metadata(ctx, export, sattr)

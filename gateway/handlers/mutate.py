@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
-from gateway.core import Export, creds, fattr
+from gateway.core import W_OK, X_OK, Export, Gateway, creds, deny, fattr, permits
 from gateway.dispatch import CallContext
 from gateway.errors import (
     AccessDenied,
@@ -26,7 +26,6 @@ from nfsproto.nfs3 import Sattr3, WccAttr, WccData
 
 # S3's key length limit (UTF-8 bytes).
 MAX_KEY = 1024
-R_OK, W_OK, X_OK = 4, 2, 1
 
 
 def pre_op(export: Export, e: Entry) -> WccAttr:
@@ -72,23 +71,23 @@ def new_name(export: Export, dir_path: str, raw: bytes, *, is_dir: bool = False)
     return path
 
 
-def perm_bits(ctx: CallContext, export: Export, e: Entry) -> int:
-    """The rwx bits the caller (after squashing) has on ``e``; root has all."""
-    uid, gid, gids = creds(ctx, export)
-    if uid == 0:
-        return 7
-    a = fattr(export, e)
-    if uid == a.uid:
-        return (a.mode >> 6) & 7
-    if a.gid == gid or a.gid in gids:
-        return (a.mode >> 3) & 7
-    return a.mode & 7
-
-
-def check_dir_write(ctx: CallContext, export: Export, d: Entry) -> None:
-    """Adding or removing a name needs write and search permission on the directory."""
-    if perm_bits(ctx, export, d) & (W_OK | X_OK) != W_OK | X_OK:
+def check_dir_write(gw: Gateway, ctx: CallContext, export: Export, d: Entry) -> None:
+    """Adding or removing a name needs write and search permission on the directory (mode
+    bits after squashing, ``core.permits``)."""
+    creds(ctx, export)
+    if not permits(ctx, export, d, W_OK | X_OK):
+        deny(ctx, gw, d, "adding or removing a name needs w and x on the directory")
         raise AccessDenied(f"no write permission on directory {d.path!r}")
+
+
+def may_write(gw: Gateway, ctx: CallContext, export: Export, e: Entry) -> bool:
+    """Write permission on ``e``, or ownership (a file opened for writing before a chmod
+    stays writable to its owner, as on a local file system)."""
+    creds(ctx, export)
+    if permits(ctx, export, e, W_OK) or is_owner(ctx, export, e):
+        return True
+    deny(ctx, gw, e, "write needs w on the file")
+    return False
 
 
 def is_owner(ctx: CallContext, export: Export, e: Entry) -> bool:

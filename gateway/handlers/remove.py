@@ -35,7 +35,7 @@ async def remove3(gw: Gateway, ctx: CallContext, args: Remove3Args) -> Remove3Re
         check_writable(export)
         check_dir(d)
         path = new_name(export, d.path, args.object.name)
-        check_dir_write(ctx, export, d)
+        check_dir_write(gw, ctx, export, d)
     except GatewayError as err:
         return Remove3Res(err.status, wcc_unchanged(export, d))
     try:
@@ -57,7 +57,7 @@ async def rmdir3(gw: Gateway, ctx: CallContext, args: Rmdir3Args) -> Rmdir3Res:
         check_writable(export)
         check_dir(d)
         path = new_name(export, d.path, args.object.name, is_dir=True)
-        check_dir_write(ctx, export, d)
+        check_dir_write(gw, ctx, export, d)
     except GatewayError as err:
         return Rmdir3Res(err.status, wcc_unchanged(export, d))
     try:

@@ -55,8 +55,8 @@ async def rename3(gw: Gateway, ctx: CallContext, args: Rename3Args) -> Rename3Re
         check_dir(td)
         src = new_name(export, fd.path, args.from_.name)
         dst = new_name(export, td.path, args.to.name, is_dir=True)
-        check_dir_write(ctx, export, fd)
-        check_dir_write(ctx, export, td)
+        check_dir_write(gw, ctx, export, fd)
+        check_dir_write(gw, ctx, export, td)
     except GatewayError as err:
         return Rename3Res(err.status, wcc_unchanged(export, fd), wcc_unchanged(export, td))
     try:

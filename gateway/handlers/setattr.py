@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.core import Export, Gateway, creds, fattr
+from gateway.core import W_OK, Export, Gateway, creds, fattr, permits
 from gateway.dispatch import CallContext
 from gateway.errors import (
     GatewayError,
@@ -28,7 +28,7 @@ from gateway.errors import (
     PermissionDenied,
     StaleHandle,
 )
-from gateway.handlers.mutate import W_OK, check_writable, is_owner, perm_bits, pre_op
+from gateway.handlers.mutate import check_writable, is_owner, pre_op
 from gateway.namespace.index import Entry, EntryKind
 from gateway.writes import META_GID, META_MODE, META_MTIME, META_UID, mtime_value
 from nfsproto.nfs3 import NfsStat3, Sattr3, Setattr3Args, Setattr3Res, TimeHow, WccData
@@ -49,7 +49,7 @@ def _check_permission(ctx: CallContext, export: Export, e: Entry, s: Sattr3) -> 
     client_time = TimeHow.SET_TO_CLIENT_TIME in (s.mtime.how, s.atime.how)
     if client_time and not owner:
         raise PermissionDenied(f"utimes of {e.path!r} by uid {uid}")
-    writable = bool(perm_bits(ctx, export, e) & W_OK)
+    writable = permits(ctx, export, e, W_OK)
     if TimeHow.SET_TO_SERVER_TIME in (s.mtime.how, s.atime.how) and not (owner or writable):
         raise PermissionDenied(f"touch of {e.path!r} by uid {uid}")
     if s.size is not None and not writable:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from gateway.core import Gateway, fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
-from gateway.handlers.mutate import W_OK, is_owner, perm_bits, pre_op, wcc_unchanged
+from gateway.handlers.mutate import may_write, pre_op, wcc_unchanged
 from gateway.namespace.index import EntryKind
 from nfsproto.nfs3 import (
     Commit3Args,
@@ -40,7 +40,7 @@ async def write3(gw: Gateway, ctx: CallContext, args: Write3Args) -> Write3Res:
         return Write3Res(NfsStat3.NFS3ERR_ISDIR, wcc_unchanged(export, e))
     if e.kind is not EntryKind.FILE:
         return Write3Res(NfsStat3.NFS3ERR_INVAL, wcc_unchanged(export, e))
-    if not (perm_bits(ctx, export, e) & W_OK or is_owner(ctx, export, e)):
+    if not may_write(gw, ctx, export, e):
         return Write3Res(NfsStat3.NFS3ERR_ACCES, wcc_unchanged(export, e))
     before = pre_op(export, e)
     data = args.data

@@ -293,13 +293,17 @@ class WriteManager:
         self._flusher: asyncio.Task[None] | None = None
         self._pressure: asyncio.Task[None] | None = None
         self._closing = False
+        self._start_lock = asyncio.Lock()
 
     # -- life cycle -----------------------------------------------------------------------
 
-    def _start(self, export: Export) -> None:
+    async def _start(self, export: Export) -> None:
         """First use (per export): wipe the spool, abort the uploads a previous run left,
         start the idle flusher."""
-        self.spool.start()
+        if not self.spool.started:
+            async with self._start_lock:
+                if not self.spool.started:
+                    await self.spool.run(self.spool.start)
         if export.id not in self._recovered:
             self._recovered.add(export.id)
             mine = [r for r in self.spool.orphan_uploads if r.get("export") == export.cfg.path]
@@ -395,7 +399,7 @@ class WriteManager:
     ) -> Entry:
         """PUT a whole object (CREATE, SYMLINK; ``path`` ending in '/' for a MKDIR marker)
         and record it in the index. Any staged state of ``path`` is dropped."""
-        self._start(export)
+        await self._start(export)
         sf = self._files.get((export.id, path))
         if sf is not None:
             await self._drop(sf)
@@ -419,7 +423,7 @@ class WriteManager:
             self._relieve_pressure()
             self.stats.jukebox += 1
             raise Busy(f"{len(self._files)} files staged (max_staged_files)")
-        self._start(export)
+        await self._start(export)
         # The caller resolved ``entry`` before taking the lock: a commit may have replaced it.
         with contextlib.suppress(NotFound):
             entry = await export.ns.getattr(entry.path)
@@ -821,7 +825,10 @@ class WriteManager:
         period = max(0.5, self.cfg.flush_idle_s / 4)
         while True:
             await asyncio.sleep(period)
-            await self.flush_idle()
+            try:
+                await self.flush_idle()
+            except Exception as e:  # never let write-back die
+                log.warning("idle_flush_failed", error=repr(e))
 
     # -- removal and rename ---------------------------------------------------------------
 

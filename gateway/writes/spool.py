@@ -47,16 +47,16 @@ class Spool:
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
         self.orphan_uploads: list[dict[str, str]] = []
-        self._started = False
+        self.started = False
 
     # -- life cycle -----------------------------------------------------------------------
 
     def start(self) -> None:
         """Create the directory, collect the previous run's upload journal, delete its spool
         files (blocking; called once, before the first staged write)."""
-        if self._started:
+        if self.started:
             return
-        self._started = True
+        self.started = True
         self.dir.mkdir(parents=True, exist_ok=True)
         for p in self.dir.iterdir():
             if p.name.endswith(_UPLOAD_SUFFIX):
