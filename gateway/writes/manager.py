@@ -937,6 +937,8 @@ class WriteManager:
         key = export.prefix + entry.path
         _, _, base = await self.metadata(export, entry)
         meta = _merge_meta(base, changes)
+        if META_MTIME not in meta:  # the copy's LastModified is now: keep the file's mtime
+            meta[META_MTIME] = mtime_value(entry.mtime_ns)
         info = await export.store.copy(key, key, meta)
         info.metadata = meta
         self.reader.invalidate(export.store.name, key)

@@ -15,6 +15,7 @@ import pytest
 
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.backend.memory import MemoryStore
+from gateway.clock import FakeClock
 from gateway.config import ExportConfig, ServerConfig
 from gateway.core import Export, Gateway
 from gateway.server import Server
@@ -468,9 +469,12 @@ async def test_bad_names(env: Env) -> None:
 async def test_setattr_mode_owner_times_by_copy_in_place(env: Env) -> None:
     fh = await env.fh("dir/b.txt")
     env.reset()
+    mtime = (await env.getattr(fh)).mtime
+    env.store.clock = FakeClock(wall_ns=2_000_000_000 * 10**9)  # the copy happens later
     r = await env.setattr(fh, Sattr3(mode=0o600))
     assert r.status == NfsStat3.NFS3_OK and r.obj_wcc.after is not None
     assert r.obj_wcc.after.mode == 0o600
+    assert r.obj_wcc.after.mtime == mtime  # chmod does not move mtime
     assert env.counts() == {"head": 1, "copy": 1}  # metadata unknown: one HEAD first
     env.reset()
     t = NfsTime3(1_700_000_000, 5)
