@@ -48,6 +48,7 @@ import contextlib
 import math
 import os
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ import structlog
 
 from gateway.backend.base import (
     BackendError,
+    BackendUnavailable,
     ObjectInfo,
     ObjectNotFound,
     PreconditionFailed,
@@ -162,6 +164,7 @@ class WriteStats:
 class _Upload:
     upload_id: str
     metadata: dict[str, str]
+    journal: str  # the spool journal entry that lets a restart abort it
     # part index -> (etag, part version, length) of the uploaded part
     parts: dict[int, tuple[str, int, int]] = field(default_factory=dict)
 
@@ -448,26 +451,25 @@ class WriteManager:
                     return got if got is not None else entry
                 return entry
             sf = await self._open(export, entry)
-            if n:
-                fresh = n - sum(hi - lo for lo, hi in sf.extents.overlapping(offset, end))
-                try:
-                    self.spool.reserve(fresh)
-                except BudgetExceeded as e:
-                    self._relieve_pressure()
-                    self.stats.jukebox += 1
-                    raise Busy(str(e)) from None
-                sf.reserved += fresh
-                self.stats.spool_bytes = self.spool.used_bytes
-                try:
-                    if sf.file is None:
-                        sf.file = await self.spool.open_file()
-                    await sf.file.pwrite(data, offset)
-                except BaseException:
-                    self.spool.release(fresh)
-                    sf.reserved -= fresh
-                    raise
-                sf.extents.add(offset, end)
-                self.stats.bytes_staged += n
+            fresh = n - sum(hi - lo for lo, hi in sf.extents.overlapping(offset, end))
+            try:
+                self.spool.reserve(fresh)
+            except BudgetExceeded as e:
+                self._relieve_pressure()
+                self.stats.jukebox += 1
+                raise Busy(str(e)) from None
+            sf.reserved += fresh
+            self.stats.spool_bytes = self.spool.used_bytes
+            try:
+                if sf.file is None:
+                    sf.file = await self.spool.open_file()
+                await sf.file.pwrite(data, offset)
+            except BaseException:
+                self.spool.release(fresh)
+                sf.reserved -= fresh
+                raise
+            sf.extents.add(offset, end)
+            self.stats.bytes_staged += n
             old_size = sf.size
             if end > sf.size:
                 sf.size = end
@@ -559,8 +561,7 @@ class WriteManager:
         except BackendError as e:
             log.warning("upload_abort_failed", key=sf.key, error=str(e))
             return
-        if sf.file is not None:
-            await self.spool.forget_upload(sf.file.name)
+        await self.spool.forget_upload(up.journal)
 
     # -- commit ---------------------------------------------------------------------------
 
@@ -583,9 +584,9 @@ class WriteManager:
             self.stats.commit_errors += 1
             raise
         info.metadata = meta
-        sf.upload = None  # completed: nothing to abort
-        if sf.file is not None:
-            await self.spool.forget_upload(sf.file.name)
+        up, sf.upload = sf.upload, None  # completed: nothing to abort
+        if up is not None:
+            await self.spool.forget_upload(up.journal)
         self.reader.invalidate(export.store.name, sf.key)
         self.remember(export, info, meta)
         entry = export.ns.upsert(info)
@@ -651,7 +652,16 @@ class WriteManager:
 
         await _all(*(one(i) for i in range(nparts) if not self._part_valid(sf, up, i)))
         parts = [(i + 1, up.parts[i][0]) for i in range(nparts)]
-        info = await store.complete_multipart(sf.key, up.upload_id, parts)
+        try:
+            info = await store.complete_multipart(sf.key, up.upload_id, parts)
+        except BackendUnavailable:
+            raise  # retry later with the same parts
+        except BackendError:
+            # The upload is unusable (e.g. the store lost it): start over next time.
+            if sf.upload is up:
+                sf.upload = None
+                self._spawn(self._abort(sf, up))
+            raise
         self.stats.multipart_uploads += 1
         return info
 
@@ -675,11 +685,9 @@ class WriteManager:
         sf.creating_upload = fut
         try:
             upload_id = await sf.export.store.create_multipart(sf.key, meta)
-            up = _Upload(upload_id, dict(meta))
-            if sf.file is None:
-                sf.file = await self.spool.open_file()
+            up = _Upload(upload_id, dict(meta), uuid.uuid4().hex)
             await self.spool.journal_upload(
-                sf.file.name,
+                up.journal,
                 {"export": sf.export.cfg.path, "key": sf.key, "upload_id": upload_id},
             )
             if sf.closed:
@@ -689,8 +697,11 @@ class WriteManager:
             fut.set_result(up)
             return up
         except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # retrieved: waiters re-raise it through their shield
+            if isinstance(e, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(e)
+                fut.exception()  # retrieved: waiters re-raise it through their shield
             raise
         finally:
             sf.creating_upload = None
@@ -722,9 +733,8 @@ class WriteManager:
         n = hi - lo
         if len(base) == n and not ranges:
             return bytes(base)
-        fd = sf.file.fd if sf.file is not None and ranges else -1
 
-        def assemble() -> bytes:
+        def assemble(fd: int = -1) -> bytes:
             buf = bytearray(n)
             buf[: len(base)] = base
             mv = memoryview(buf)
@@ -737,7 +747,10 @@ class WriteManager:
                     off += got
             return bytes(buf)
 
-        if fd < 0 and n <= MiB:
+        if ranges:
+            assert sf.file is not None  # written extents live in the spool file
+            return await sf.file.io(assemble)
+        if n <= MiB:
             return assemble()
         return await self.spool.run(assemble)
 

@@ -20,7 +20,7 @@ import json
 import os
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -70,11 +70,14 @@ class Spool:
         if self.orphan_uploads:
             log.info("spool_orphans_found", uploads=len(self.orphan_uploads))
 
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run blocking ``fn`` in the spool's thread pool."""
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="nfsgw-spool")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        return self._pool.submit(fn)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run blocking ``fn`` in the spool's thread pool."""
+        return await asyncio.wrap_future(self.submit(fn))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -103,7 +106,7 @@ class Spool:
         return SpoolFile(self, name, path, fd)
 
     async def journal_upload(self, name: str, record: dict[str, str]) -> None:
-        """Record a multipart upload in flight (``name`` is the spool file's)."""
+        """Record a multipart upload in flight under ``name`` (unique per upload)."""
         path = self.dir / (name + _UPLOAD_SUFFIX)
 
         def write() -> None:
@@ -124,9 +127,14 @@ def _unlink(path: Path) -> None:
 
 
 class SpoolFile:
-    """One sparse file. Reads of never-written ranges return zeros (the caller overlays)."""
+    """One sparse file. Reads of never-written ranges return zeros (the caller overlays).
 
-    __slots__ = ("closed", "fd", "name", "path", "spool")
+    Every operation on the descriptor goes through ``io``, which counts it until its thread
+    is done, even when the awaiting call was cancelled meanwhile; ``close`` waits for that
+    count to reach zero, so the descriptor is never closed (and its number reused by another
+    file) under a thread still writing to it."""
+
+    __slots__ = ("_busy", "_idle", "closed", "fd", "name", "path", "spool")
 
     def __init__(self, spool: Spool, name: str, path: Path, fd: int) -> None:
         self.spool = spool
@@ -134,11 +142,30 @@ class SpoolFile:
         self.path = path
         self.fd = fd
         self.closed = False
+        self._busy = 0
+        self._idle: asyncio.Event | None = None
+
+    async def io(self, fn: Callable[[int], T]) -> T:
+        """Run ``fn(fd)`` in the spool's thread pool."""
+        if self.closed:
+            raise ValueError(f"spool file {self.name} is closed")
+        loop = asyncio.get_running_loop()
+        self._busy += 1
+        fut = self.spool.submit(functools.partial(fn, self.fd))
+
+        def done(_: object) -> None:  # in the worker thread
+            loop.call_soon_threadsafe(self._io_done)
+
+        fut.add_done_callback(done)
+        return await asyncio.wrap_future(fut)
+
+    def _io_done(self) -> None:
+        self._busy -= 1
+        if self._busy == 0 and self._idle is not None:
+            self._idle.set()
 
     async def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> None:
-        fd = self.fd
-
-        def write() -> None:
+        def write(fd: int) -> None:
             view = memoryview(data)
             off = offset
             while view:  # pwrite may write less than asked
@@ -146,32 +173,16 @@ class SpoolFile:
                 view = view[n:]
                 off += n
 
-        await self.spool.run(write)
-
-    async def read_into(self, buf: bytearray, ranges: list[tuple[int, int]], base: int) -> None:
-        """Copy each file range ``[lo, hi)`` into ``buf[lo - base : hi - base]``."""
-        fd = self.fd
-
-        def read() -> None:
-            mv = memoryview(buf)
-            for lo, hi in ranges:
-                off = lo
-                while off < hi:
-                    n = os.preadv(fd, [mv[off - base : hi - base]], off)
-                    if n <= 0:  # a hole past EOF of a sparse file: zeros already there
-                        break
-                    off += n
-
-        await self.spool.run(read)
-
-    async def truncate(self, size: int) -> None:
-        await self.spool.run(functools.partial(os.ftruncate, self.fd, size))
+        await self.io(write)
 
     async def close(self) -> None:
-        """Close and delete (idempotent)."""
+        """Close and delete (idempotent), once no thread uses the descriptor."""
         if self.closed:
             return
         self.closed = True
+        while self._busy:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
         fd, path = self.fd, self.path
 
         def drop() -> None:
