@@ -65,7 +65,7 @@ from gateway.backend.base import (
     PreconditionFailed,
 )
 from gateway.data import ObjectReader
-from gateway.errors import Busy, GatewayError, NotFound
+from gateway.errors import Busy, GatewayError, NotFound, StaleHandle
 from gateway.namespace.index import Entry, split_path
 from gateway.writes.extents import Extents
 from gateway.writes.spool import BudgetExceeded, Spool, SpoolFile
@@ -427,9 +427,12 @@ class WriteManager:
             self.stats.jukebox += 1
             raise Busy(f"{len(self._files)} files staged (max_staged_files)")
         await self._start(export)
-        # The caller resolved ``entry`` before taking the lock: a commit may have replaced it.
-        with contextlib.suppress(NotFound):
+        # The caller resolved ``entry`` before taking the lock: a commit may have replaced
+        # it, a REMOVE or RENAME removed it (then the handle is stale: never recreate it).
+        try:
             entry = await export.ns.getattr(entry.path)
+        except NotFound:
+            raise StaleHandle(entry.path) from None
         sf = StagedFile(export, entry.path, entry, time.monotonic())
         self._files[k] = sf
         self.stats.staged_files = len(self._files)

@@ -959,3 +959,17 @@ async def test_random_writes_match_a_bytearray_model(tmp_path: Path, seed: int) 
         assert env.data("rw/m") == bytes(model)
         assert await env.read_all(cr.obj) == bytes(model)
         assert env.gw.writes.spool.used_bytes == 0
+
+
+async def test_write_racing_a_remove_never_recreates_the_file(env: Env) -> None:
+    cr = await env.create(b"gone")
+    assert cr.obj is not None
+    # the WRITE resolves its handle, then waits for the path's lock the REMOVE holds
+    writes = env.gw.writes
+    async with writes.lock(env.export, "gone"):
+        w = asyncio.create_task(env.write(cr.obj, 0, b"late", FILE_SYNC))
+        await asyncio.sleep(0.05)
+        await writes.delete_object(env.export, "gone", is_dir=False)
+    res = await w
+    assert res.status == NfsStat3.NFS3ERR_STALE
+    assert "rw/gone" not in env.all_keys() and writes.staged(env.export, "gone") is None
