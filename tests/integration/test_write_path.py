@@ -342,6 +342,11 @@ def test_symlink_chmod_utimes_link(gw: GatewayThread, nfs: WNfs, s3: S3) -> None
     meta = s3.head_meta("target")
     assert meta["mode"] == "640" and meta["mtime"] == str(1_700_000_000 * 10**9)
     assert s3.get("target") == b"t"
+    # a re-list (TTL expiry) keeps what the gateway knows of objects it wrote
+    gw.call(lambda: gw.export("/data").ns.invalidate("", subtree=True))
+    types = {e.name: e.type for e in nfs.scandir("/")}
+    assert types == {"target": NF3REG, "ln": NF3LNK}
+    assert nfs.stat("/target").mode & 0o7777 == 0o640
     with pytest.raises(OSError) as ei:
         nfs.link("/target", "/hard")
     assert "NFS3ERR_NOTSUPP" in str(ei.value)  # libnfs maps it to EINVAL

@@ -624,7 +624,10 @@ async def test_remove_drops_staged_writes(env: Env) -> None:
     assert (await env.remove(b"doomed")).status == NfsStat3.NFS3_OK
     assert env.gw.writes.staged(env.export, "doomed") is None
     assert env.gw.writes.spool.used_bytes == 0
-    await asyncio.sleep(0.05)
+    for _ in range(100):  # the abort runs in the background
+        if env.store.requests["abort_multipart"]:
+            break
+        await asyncio.sleep(0.01)
     assert env.store.requests["abort_multipart"] == 1 and "rw/doomed" not in env.all_keys()
 
 
@@ -968,7 +971,12 @@ async def test_write_racing_a_remove_never_recreates_the_file(env: Env) -> None:
     writes = env.gw.writes
     async with writes.lock(env.export, "gone"):
         w = asyncio.create_task(env.write(cr.obj, 0, b"late", FILE_SYNC))
-        await asyncio.sleep(0.05)
+        key = (env.export.id, "gone")
+        for _ in range(200):  # until the WRITE waits for the lock
+            if writes._locks._locks[key][1] == 2:
+                break
+            await asyncio.sleep(0.005)
+        assert writes._locks._locks[key][1] == 2
         await writes.delete_object(env.export, "gone", is_dir=False)
     res = await w
     assert res.status == NfsStat3.NFS3ERR_STALE
