@@ -133,6 +133,9 @@ async def _demo(a: argparse.Namespace, out: Path) -> int:
         say(f"gateway logs: {logs}")
         say(f"demo finished in {time.monotonic() - t_start:.0f} s")
         return 1 if any(t.error for t in run.targets) else 0
+    except asyncio.CancelledError:
+        say("demo: interrupted; stopping everything it started")
+        raise
     finally:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(sw.stop)

@@ -490,6 +490,8 @@ def _node_main(conn: multiprocessing.connection.Connection, spec: WorkloadSpec, 
                         run(node.close())
                     conn.send(("result", None))
                     break
+            except (BrokenPipeError, EOFError):
+                raise  # the parent is gone: nobody to report to
             except Exception as e:  # reported to the parent, which fails the run
                 if isinstance(e, DataMismatch):
                     conn.send(("mismatch", f"node {rank}: {e}"))
@@ -498,6 +500,8 @@ def _node_main(conn: multiprocessing.connection.Connection, spec: WorkloadSpec, 
                 else:
                     tb = traceback.format_exc(limit=6)
                     conn.send(("error", f"node {rank}: {type(e).__name__}: {e}\n{tb}"))
+    except (BrokenPipeError, EOFError, KeyboardInterrupt):
+        pass  # the parent went away or the user interrupted: stop quietly
     finally:
         with contextlib.suppress(Exception):
             if node is not None and node.client is not None:
