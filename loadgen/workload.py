@@ -216,7 +216,7 @@ class Node:
         maxcount = self.spec.readdir_bytes
         root = await c.readdirplus(c.root, maxcount=maxcount)
         classes = sorted(
-            (e.name.decode(), e.name_handle)
+            (e.name.decode(errors="surrogateescape"), e.name_handle)
             for e in root
             if e.name not in (b".", b"..")
             and e.name_attributes is not None
@@ -224,6 +224,9 @@ class Node:
         )
         want = {e.path: e for e in self.expected}
         wanted_classes = {p.split("/", 1)[0] for p in want}
+        extra = [n for n, _ in classes if n not in wanted_classes]
+        if extra and not self.spec.max_files:
+            raise DataMismatch(f"{extra[0]}/: a class folder on the server but not in the manifest")
         classes = [(n, fh) for n, fh in classes if n in wanted_classes]
 
         async def one(name: str, fh: bytes | None) -> list[tuple[str, bytes | None, int]]:
@@ -236,7 +239,8 @@ class Node:
                 a = e.name_attributes
                 if e.name in (b".", b"..") or (a is not None and a.type != nfs3.Ftype3.NF3REG):
                     continue
-                out.append((f"{name}/{e.name.decode()}", e.name_handle, a.size if a else -1))
+                fname = e.name.decode(errors="surrogateescape")
+                out.append((f"{name}/{fname}", e.name_handle, a.size if a else -1))
             return out
 
         # The kernel scans one directory at a time per process; a few in flight keep the scan

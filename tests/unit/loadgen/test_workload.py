@@ -173,8 +173,16 @@ async def test_scan_must_match_the_manifest(server: FakeNfsServer, tmp_path: Pat
             await node.setup()
     finally:
         await node.close()
-    server.files["c0/new.JPEG"] = b"y"
+    server.files["c7/x.JPEG"] = b"z"
     manifest = write_manifest(tmp_path, tree())
+    node = Node(spec(server, manifest), 0)
+    try:
+        with pytest.raises(DataMismatch, match="c7/"):
+            await node.setup()
+    finally:
+        await node.close()
+    del server.files["c7/x.JPEG"]
+    server.files["c0/new.JPEG"] = b"y"
     node = Node(spec(server, manifest), 0)
     try:
         with pytest.raises(DataMismatch, match="not in the manifest"):
