@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,11 +109,29 @@ def _kclient(port: int, script: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_kernel_client_phases(seaweed: SeaweedServer, bucket: str, tmp_path: Path) -> None:
+@pytest.fixture
+def guest_scripts() -> Iterator[Path]:
+    """The guest runs in the host's root over 9p, but its /tmp and /run are its own: a
+    checkout (and ../shared) under /tmp is invisible there, so the scripts go to /var/tmp."""
+    d = Path(tempfile.mkdtemp(prefix="nfsgw-kc-", dir="/var/tmp"))
+    try:
+        shutil.copy(KCLIENT / "phases.sh", d / "phases.sh")
+        shutil.copy(CHECK, d / CHECK.name)
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_kernel_client_phases(
+    seaweed: SeaweedServer, bucket: str, tmp_path: Path, guest_scripts: Path
+) -> None:
     _seed(seaweed, bucket)
     exports = [ExportConfig("/data", f"s3://{bucket}/ds/", squash="none")]
     with GatewayThread(exports, state_dir=tmp_path / "state", s3=seaweed.store_kwargs()) as gw:
-        script = f"sh {KCLIENT / 'phases.sh'}; echo PHASES_SH_RC=$?; sh {CHECK}"
+        script = (
+            f"sh {guest_scripts / 'phases.sh'}; echo PHASES_SH_RC=$?; "
+            f"sh {guest_scripts / CHECK.name}"
+        )
         run = _kclient(gw.port, script)
         calls = gw.call_counts()
         statuses = gw.call(
@@ -127,6 +146,7 @@ def test_kernel_client_phases(seaweed: SeaweedServer, bucket: str, tmp_path: Pat
             finally:
                 await store.close()
 
+        assert run.returncode == 0, (run.returncode, run.stdout[-3000:], run.stderr[-3000:])
         small = gw.run(read("keep/small.txt"))
         big = gw.run(read("keep/big.bin"))
         sym = gw.run(read("keep/sym"))
