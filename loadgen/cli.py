@@ -27,13 +27,20 @@ __all__ = ["build_parser", "main"]
 MB = 1_000_000
 
 
-def _size(text: str) -> int:
-    from gateway.config import ConfigError, parse_size
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
+
+def _size(text: str) -> int:
+    """'65536', '64K', '1M', '1.5m', '16MiB' -> bytes (binary multiples)."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = t[-1:] if t[-1:] in ("k", "m", "g") else ""
     try:
-        return parse_size(text)
-    except ConfigError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        value = float(t[: len(t) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 65536, 64K, 1M)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"negative size: {text!r}")
+    return int(value * _UNITS[unit])
 
 
 def _add_s3(p: argparse.ArgumentParser) -> None:

@@ -135,3 +135,18 @@ async def test_epochs_report_and_a_corrupted_file(tmp_path: Path) -> None:
     finally:
         await server.close()
         shutil.rmtree(tmp_path / "tree", ignore_errors=True)
+
+
+def test_sizes() -> None:
+    from loadgen.cli import _size
+
+    assert [_size(t) for t in ("65536", "64K", "1M", "1.5m", "16MiB", "2kb")] == [
+        65536,
+        65536,
+        1 << 20,
+        3 << 19,
+        16 << 20,
+        2048,
+    ]
+    a = build_parser().parse_args(["make-dataset", "--mean-size", "100K", "--max-size", "4M"])
+    assert (a.mean_size, a.max_size) == (102400, 4 << 20)
