@@ -60,3 +60,40 @@ async def test_compare_needs_s3_for_gateway_configs(tmp_path: Path) -> None:
     spec = WorkloadSpec(target="", manifest=str(tmp_path / "m.tsv"))
     with pytest.raises(ValueError, match="--s3"):
         await compare(spec, s3_url=None, s3_endpoint_url=None, configs=["both"], extra_targets=[])
+
+
+async def test_counters_from_urls() -> None:
+    """``epochs --proxy-url --metrics-url``: counts read over HTTP and differenced."""
+    from aiohttp import web
+
+    from loadgen.bench import Counters
+    from loadgen.proxy import DelayProxy
+    from tests.unit.loadgen.test_report import METRICS
+
+    page = {"text": "# nothing yet\n"}
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=page["text"])
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    try:
+        async with DelayProxy("http://127.0.0.1:9") as proxy:
+            c = Counters(
+                proxy_url=proxy.endpoint_url, metrics_url=f"http://127.0.0.1:{port}/metrics"
+            )
+            before = await c.snapshot()
+            proxy.counts["GET"] += 10
+            proxy.counts["LIST"] += 3
+            page["text"] = METRICS
+            d = Counters.diff(await c.snapshot(), before)
+    finally:
+        await runner.cleanup()
+    assert d["backend"] == {"GET": 10, "LIST": 3}
+    assert d["gateway_backend"] == {"LIST": 3, "GET": 11}
+    assert d["gateway_rpc"] == {"READ": 10}
+    assert d["cache"] == {"data": 0.75, "metadata": 0.9}
