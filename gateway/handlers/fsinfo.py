@@ -49,7 +49,7 @@ async def fsinfo3(gw: Gateway, ctx: CallContext, args: Fsinfo3Args) -> Fsinfo3Re
         wtpref=c.wsize,
         wtmult=4096,
         dtpref=65536,
-        maxfilesize=MAX_FILE_SIZE,
+        maxfilesize=MAX_FILE_SIZE if export.cfg.read_only else gw.writes.cfg.max_file_size,
         time_delta=NfsTime3(0, 1),
         properties=FSF3_SYMLINK | FSF3_HOMOGENEOUS | FSF3_CANSETTIME,
     )
