@@ -4,7 +4,9 @@ of order, bounded in-flight, honoured write back-pressure.
 Owns: bytes in, records to the dispatcher, reply buffers out. Must not: decode RPC or NFS (that
 is ``dispatch``'s), or buffer without bound: at ``max_inflight`` calls the connection stops
 reading; a record over ``max_record`` closes it (the stream cannot be resynchronised); a
-partial record that stalls for ``stall_timeout_s`` closes it.
+partial record that makes no progress for ``stall_timeout_s`` while we are reading closes it
+(bytes arriving are progress; time spent with reading paused by our own in-flight bound is
+not the client's stall).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class RpcConnection(asyncio.Protocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._stall: asyncio.TimerHandle | None = None
+        self._progress_at = 0.0  # loop time of the last bytes of a partial record
         self._closing = False
         self._draining = False
         self._out: list[Buffer] = []
@@ -160,6 +163,8 @@ class RpcConnection(asyncio.Protocol):
         elif not busy and self._paused_reading and not self._draining:
             self._transport.resume_reading()
             self._paused_reading = False
+            # A partial record waited while we did not read: its stall clock starts again.
+            self._progress_at = asyncio.get_running_loop().time()
 
     async def _run_call(self, record: Buffer) -> None:
         reply = await self._handler(record, self.peer)
@@ -198,22 +203,34 @@ class RpcConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ stalls and shutdown
 
     def _arm_stall_timer(self) -> None:
+        """Called after every read. A timer runs while a partial record is pending; bytes
+        arriving move its deadline (one timer per stall period, not one per read: a busy
+        connection whose reads rarely end on a record boundary is making progress, not
+        stalling)."""
         if self._reader.pending_bytes() == 0:
             if self._stall is not None:
                 self._stall.cancel()
                 self._stall = None
-        elif self._stall is None:
-            self._stall = asyncio.get_running_loop().call_later(
-                self._limits.stall_timeout_s, self._stalled
-            )
+            return
+        loop = asyncio.get_running_loop()
+        self._progress_at = loop.time()
+        if self._stall is None:
+            self._stall = loop.call_later(self._limits.stall_timeout_s, self._stalled)
 
     def _stalled(self) -> None:
         self._stall = None
-        if self._reader.pending_bytes():
-            log.warning(
-                "record_stalled", client=self.peer.host, pending=self._reader.pending_bytes()
-            )
-            self.abort()
+        if self._closing or not self._reader.pending_bytes():
+            return
+        loop = asyncio.get_running_loop()
+        idle = loop.time() - self._progress_at
+        if self._paused_reading or idle < self._limits.stall_timeout_s:
+            # Progress since the timer was set, or we are the ones not reading: check again
+            # when the record could first count as stalled.
+            wait = self._limits.stall_timeout_s - (0.0 if self._paused_reading else idle)
+            self._stall = loop.call_later(wait, self._stalled)
+            return
+        log.warning("record_stalled", client=self.peer.host, pending=self._reader.pending_bytes())
+        self.abort()
 
     def abort(self) -> None:
         self._closing = True

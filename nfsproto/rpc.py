@@ -213,52 +213,33 @@ class RecordReader:
     larger than ``max_record`` raises ``RecordError`` as soon as its header says so, before
     the bytes arrive; the stream cannot be resynchronised after that, so the caller closes
     the connection. A single-fragment record that arrives whole inside one ``feed`` is
-    returned as a memoryview of ``data`` (no copy); otherwise each fragment is copied once,
-    into a buffer of the size its header declared."""
+    returned as a memoryview of ``data`` (no copy); otherwise its bytes are copied once, into
+    one buffer per record that grows as they arrive. Memory therefore follows the bytes
+    received: never the length a mark claims (a 4-byte mark must not make the server allocate
+    4 MiB), and never more per fragment (a storm of tiny or empty fragments costs no more
+    than their payload)."""
 
-    __slots__ = ("_cur", "_filled", "_frag_total", "_frags", "_hdr", "_last", "max_record")
+    __slots__ = ("_hdr", "_last", "_left", "_rec", "max_record")
 
     def __init__(self, max_record: int = DEFAULT_MAX_RECORD) -> None:
         self.max_record = max_record
         self._hdr = bytearray()  # a record mark split across feeds
-        self._cur: bytearray | None = None  # the fragment being filled
-        self._filled = 0
-        self._last = False
-        self._frags: list[bytearray] = []  # completed non-last fragments of this record
-        self._frag_total = 0
+        self._rec: bytearray | None = None  # the record being reassembled (all its fragments)
+        self._left = -1  # bytes still due in the current fragment; -1: a mark is due
+        self._last = False  # the current fragment ends the record
 
     def pending_bytes(self) -> int:
-        return len(self._hdr) + self._filled + self._frag_total
-
-    def _check(self, ln: int) -> None:
-        if self._frag_total + ln > self.max_record:
-            raise RecordError(
-                f"record of at least {self._frag_total + ln} bytes exceeds the maximum "
-                f"of {self.max_record}"
-            )
-
-    def _fragment_done(self, out: list[Buffer]) -> None:
-        cur = self._cur
-        assert cur is not None
-        self._cur = None
-        self._filled = 0
-        if not self._last:
-            self._frags.append(cur)
-            self._frag_total += len(cur)
-        elif self._frags:
-            self._frags.append(cur)
-            out.append(b"".join(self._frags))
-            self._frags.clear()
-            self._frag_total = 0
-        else:
-            out.append(cur)
+        """Bytes held of a record not complete yet: a partial mark, or, once a record's first
+        mark is read, that mark and the payload received so far (0 only between records)."""
+        rec = self._rec
+        return len(self._hdr) + (len(rec) + 4 if rec is not None else 0)
 
     def feed(self, data: Buffer) -> list[Buffer]:
         mv = data if isinstance(data, memoryview) else memoryview(data)
         out: list[Buffer] = []
         pos, n = 0, len(mv)
         while pos < n:
-            if self._cur is None:
+            if self._left < 0:
                 if not self._hdr and n - pos >= 4:
                     (hdr,) = U32.unpack_from(mv, pos)
                     pos += 4
@@ -271,25 +252,34 @@ class RecordReader:
                     (hdr,) = U32.unpack_from(self._hdr, 0)
                     self._hdr.clear()
                 ln = hdr & 0x7FFFFFFF
-                self._check(ln)
+                have = len(self._rec) if self._rec is not None else 0
+                if have + ln > self.max_record:
+                    raise RecordError(
+                        f"record of at least {have + ln} bytes exceeds the maximum "
+                        f"of {self.max_record}"
+                    )
                 last = bool(hdr & LAST_FRAGMENT)
-                if last and not self._frags and n - pos >= ln:
+                if last and self._rec is None and n - pos >= ln:
                     out.append(mv[pos : pos + ln])  # whole record in this segment: no copy
                     pos += ln
                     continue
-                self._cur = bytearray(ln)
-                self._filled = 0
+                if self._rec is None:
+                    self._rec = bytearray()
+                self._left = ln
                 self._last = last
-                if ln == 0:
-                    self._fragment_done(out)
-                    continue
-            cur = self._cur
-            take = min(len(cur) - self._filled, n - pos)
-            cur[self._filled : self._filled + take] = mv[pos : pos + take]
-            self._filled += take
-            pos += take
-            if self._filled == len(cur):
-                self._fragment_done(out)
+            if self._left:
+                rec = self._rec
+                assert rec is not None
+                take = min(self._left, n - pos)
+                rec += mv[pos : pos + take]  # in place: rec is self._rec
+                pos += take
+                self._left -= take
+            if self._left == 0:
+                self._left = -1
+                if self._last:
+                    assert self._rec is not None
+                    out.append(self._rec)
+                    self._rec = None
         return out
 
 
