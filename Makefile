@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the tests need: libnfs-utils (an independent NFS client), tshark (an
-# independent decoder of our encodings).
-DEB_PKGS := libnfs-utils tshark
+# independent decoder of our encodings), qemu-system-x86 (boots the Linux NFS client for the
+# e2e suite; its kernel and busybox are `apt-get download`ed by the suite into
+# $NFSGW_E2E_CACHE, default ~/.cache/nfsgw-e2e, see tests/e2e/guest.py).
+DEB_PKGS := libnfs-utils tshark qemu-system-x86
 
 .PHONY: test venv deb-deps lint typecheck pytest bench clean demo
 
@@ -30,10 +32,12 @@ deb-deps:
 	@missing=""; \
 	command -v nfs-ls >/dev/null || missing="$$missing libnfs-utils"; \
 	command -v tshark >/dev/null || missing="$$missing tshark"; \
+	command -v qemu-system-x86_64 >/dev/null || missing="$$missing qemu-system-x86"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Debian packages:$$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      -o DPkg::Lock::Timeout=600 --no-install-recommends $$missing >/dev/null; \
 	  else \
 	    echo "warning: missing$$missing (not root, not installing); their tests will be skipped"; \
 	  fi; \
