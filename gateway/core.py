@@ -99,12 +99,15 @@ class Gateway:
         if self.by_path.get(e.cfg.path) is e:
             del self.by_path[e.cfg.path]
 
-    async def resolve(self, ctx: CallContext, fh: bytes) -> tuple[Export, Entry]:
+    async def resolve(
+        self, ctx: CallContext, fh: bytes, *, current: bool = False
+    ) -> tuple[Export, Entry]:
         """Handle -> (export, entry), with the export's client check; maps the caller's
         credentials by the export's squash rule (``ctx.export_id`` records it, so every
         procedure sees the mapped identity). A second handle of another export in the same
         call (RENAME, LINK) is NFS3ERR_XDEV. A handle whose object is gone is STALE; a forged
-        or foreign one BADHANDLE."""
+        or foreign one BADHANDLE. ``current``: attributes not older than the TTL (see
+        ``Namespace.getattr``)."""
         export_id, path = await self.handles.decode(fh)
         export = self.exports.get(export_id)
         if export is None:
@@ -120,7 +123,7 @@ class Gateway:
             squash(ctx, export.cfg)
             ctx.export_id = export_id
         try:
-            entry = await export.ns.getattr(path)
+            entry = await export.ns.getattr(path, current=current)
         except NotFound:
             raise StaleHandle(path) from None
         return export, entry

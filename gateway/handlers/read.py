@@ -19,7 +19,9 @@ async def _read(
 
 
 async def read3(gw: Gateway, ctx: CallContext, args: Read3Args) -> Read3Res:
-    export, entry = await gw.resolve(ctx, args.file)
+    # current: past the TTL, wait for the parent's re-list rather than serve cached bytes of
+    # an object that may be gone (one LIST per directory per TTL).
+    export, entry = await gw.resolve(ctx, args.file, current=True)
     if entry.kind == EntryKind.DIR:
         return Read3Res(NfsStat3.NFS3ERR_ISDIR, file_attributes=fattr(export, entry))
     if entry.kind != EntryKind.FILE:

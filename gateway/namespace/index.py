@@ -397,12 +397,15 @@ class Namespace:
 
     # -- public API ----------------------------------------------------------------------------
 
-    async def getattr(self, path: str) -> Entry:
-        """Attributes of ``path`` (lists its parent on first touch). NotFound if absent."""
+    async def getattr(self, path: str, *, current: bool = False) -> Entry:
+        """Attributes of ``path`` (lists its parent on first touch). NotFound if absent.
+        ``current``: a parent view past its TTL is not served while it is re-listed; the
+        caller waits for the new listing (READ uses it: a file deleted from the bucket must not
+        be served from the data cache past the TTL)."""
         if not path:
             return self._root
         parent, name = split_path(path)
-        e = await self._lookup_in(self._dir(parent), name)
+        e = await self._lookup_in(self._dir(parent), name, current=current)
         if e is None:
             raise NotFound(path)
         return e
@@ -844,8 +847,9 @@ class Namespace:
 
     # -- lookups -------------------------------------------------------------------------------
 
-    async def _lookup_in(self, d: _Dir, name: str) -> Entry | None:
-        """``name`` in ``d``, or None when it is known to be absent."""
+    async def _lookup_in(self, d: _Dir, name: str, *, current: bool = False) -> Entry | None:
+        """``name`` in ``d``, or None when it is known to be absent (``current``: see
+        ``getattr``)."""
         if not self.config.prefetch:
             return await self._probe(d, name)
         waited = False
@@ -854,7 +858,9 @@ class Namespace:
             if state == "stale":
                 self._background_relist(d)
             view = d.view
-            if view is not None and (state == "fresh" or state == "stale" or waited):
+            if view is not None and (
+                state == "fresh" or (state == "stale" and not current) or waited
+            ):
                 e: Entry | None = view.get(name)
                 if e is not None:
                     self.stats.hits += 1

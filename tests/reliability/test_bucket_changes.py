@@ -152,8 +152,8 @@ def test_added_deleted_overwritten_after_the_ttl(env: Env) -> None:
 
 
 def test_a_deleted_file_is_not_served_from_the_cache_once_relisted(env: Env) -> None:
-    """What the first calls past the TTL see, counted: old bytes only until the re-list that
-    the first of them starts is done, then STALE."""
+    """Past the TTL a READ waits for the parent's re-list: a deleted file is STALE at once,
+    never its old bytes from the data cache."""
     env.put("e/f.bin", b"f" * 100_000)
     _, fh = env.lookup("e/f.bin")
     assert env.read(fh)[0] == OK
@@ -173,8 +173,7 @@ def test_a_deleted_file_is_not_served_from_the_cache_once_relisted(env: Env) -> 
                 break
         time.sleep(0.01)
     assert seen["STALE"] >= 3, seen
-    # one serial client: only the call that started the re-list saw the old view
-    assert seen["old bytes"] <= 1, seen
+    assert seen["old bytes"] == 0, seen
     print(f"\nREADs of a deleted file past the TTL: {dict(seen)}")
 
 
