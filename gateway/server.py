@@ -21,7 +21,6 @@ Must not: contain protocol or cache logic.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import errno
 import signal
@@ -437,10 +436,11 @@ class Server:
 
     @staticmethod
     async def _close_export(export: Export) -> None:
-        with contextlib.suppress(Exception):
-            await export.ns.close()
-        with contextlib.suppress(Exception):
-            await export.store.close()
+        for what, close in (("namespace", export.ns.close), ("store", export.store.close)):
+            try:
+                await close()
+            except Exception as e:
+                log.warning("close_failed", what=what, export=export.cfg.path, error=repr(e))
 
     # ------------------------------------------------------------------ stop
 
@@ -476,17 +476,21 @@ class Server:
             connections_aborted=aborted,
         )
         for s in self._servers:
-            with contextlib.suppress(Exception):
+            try:
                 await s.wait_closed()
+            except Exception as e:
+                log.warning("close_failed", what="listener", error=repr(e))
         if self._registered_with_rpcbind and self.config.portmap_port:
             host = "127.0.0.1"
             for prog, vers in ((nfs3.PROGRAM, nfs3.VERSION), (mount3.PROGRAM, mount3.VERSION)):
-                with contextlib.suppress(Exception):
+                try:
                     await pmap_client.unset_mapping(
                         host,
                         self.config.portmap_port,
                         portmap.Mapping(prog, vers, portmap.IPPROTO_TCP, self.port),
                     )
+                except Exception as e:
+                    log.warning("rpcbind_unset_failed", prog=prog, vers=vers, error=repr(e))
         if self.warmups is not None:
             await self.warmups.close()
         if self.admin is not None:
@@ -502,8 +506,8 @@ class Server:
                 await writes.close(commit_timeout_s=left)
             # Fetches still in flight (read-ahead) use the stores: stop them first.
             await self.gateway.reader.close()
-            for e in [*self.gateway.exports.values(), *self._retired_exports]:
-                await self._close_export(e)
+            for export in [*self.gateway.exports.values(), *self._retired_exports]:
+                await self._close_export(export)
             await self.gateway.handles.close()
         await self.notifier.close()
         log.info("gateway_stopped", port=self.port)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import shlex
 import shutil
@@ -137,6 +136,8 @@ async def _demo(a: argparse.Namespace, out: Path) -> int:
         say("demo: interrupted; stopping everything it started")
         raise
     finally:
-        with contextlib.suppress(Exception):
+        try:
             await asyncio.to_thread(sw.stop)
+        except Exception as e:
+            say(f"demo: stopping SeaweedFS failed: {e!r}")
         shutil.rmtree(work, ignore_errors=True)
