@@ -18,7 +18,7 @@ import structlog
 from structlog.contextvars import bind_contextvars
 
 from gateway.backend.base import BackendError
-from gateway.errors import GatewayError, ServerFault, from_backend
+from gateway.errors import GatewayError, ServerFault, StaleHandle, from_backend
 from gateway.transport import Peer
 from nfsproto import rpc
 from nfsproto.rpc import AcceptStat, AuthFlavor, AuthStat
@@ -165,7 +165,7 @@ class Dispatcher:
             try:
                 res = await proc.handler(ctx, args)
             except BackendError as be:
-                raise from_backend(be) from be
+                raise from_backend(be, StaleHandle) from be
         except GatewayError as e:
             status = e.status.name
             if proc.fail is None:

@@ -1,5 +1,11 @@
-"""The gateway's one error hierarchy. Each subclass carries the NFS status it maps to; only
-``dispatch`` turns them into replies (STYLE §3).
+"""The gateway's one error hierarchy. Each subclass carries the NFS status it maps to and the
+level dispatch logs it at; only ``dispatch`` turns them into replies (STYLE §3). A handler that
+must answer a failure with a body (``wcc_data``, ``post_op_attr``) raises the error with the
+body attached (``raise NotEmpty(...).with_body(res)``) and dispatch sends that body.
+
+``from_backend`` is the one translation of backend failures; the namespace and write layers call
+it at their boundary, saying what a missing object means there (NOENT for a name being looked
+up, STALE for an object a handle points to).
 """
 
 from __future__ import annotations
@@ -11,12 +17,24 @@ from gateway.backend.base import (
     BackendError,
     BackendUnavailable,
     ObjectNotFound,
+    PreconditionFailed,
 )
 from nfsproto.nfs3 import NfsStat3
 
 
 class GatewayError(Exception):
     status: ClassVar[NfsStat3] = NfsStat3.NFS3ERR_SERVERFAULT
+    # structlog level dispatch logs a failure of this kind at ("debug" for the everyday
+    # answers a client expects, like NOENT on a negative lookup).
+    log_level: ClassVar[str] = "debug"
+    # The procedure's full failure result (e.g. ``Remove3Res(status, wcc)``), set by
+    # ``with_body``; None: dispatch builds the bare body from ``status``.
+    body: object = None
+
+    def with_body(self, body: object) -> GatewayError:
+        """Attach the failure result the reply carries; returns ``self`` for ``raise``."""
+        self.body = body
+        return self
 
 
 class NotFound(GatewayError):
@@ -85,26 +103,46 @@ class NotSupported(GatewayError):
     status = NfsStat3.NFS3ERR_NOTSUPP
 
 
+class FileTooBig(GatewayError):
+    """A write or size past what the write path can store."""
+
+    status = NfsStat3.NFS3ERR_FBIG
+
+
+class VersionChanged(GatewayError):
+    """The object changed since its attributes were read (a pinned ranged GET failed its
+    If-Match): the caller refreshes the entry and retries; if it escapes, the handle is stale."""
+
+    status = NfsStat3.NFS3ERR_STALE
+
+
 class IoError(GatewayError):
     """The backend failed for good (after retries)."""
 
     status = NfsStat3.NFS3ERR_IO
+    log_level = "warning"
 
 
 class Busy(GatewayError):
     """The backend is unavailable for now: the client should retry later."""
 
     status = NfsStat3.NFS3ERR_JUKEBOX
+    log_level = "info"
 
 
 class ServerFault(GatewayError):
     status = NfsStat3.NFS3ERR_SERVERFAULT
+    log_level = "error"
 
 
-def from_backend(e: BackendError) -> GatewayError:
-    """The one translation of backend failures (after the backend's own retries)."""
+def from_backend(e: BackendError, missing: type[NotFound | StaleHandle]) -> GatewayError:
+    """The one translation of backend failures (after the backend's own retries).
+    ``missing``: what an absent object means to the caller: ``NotFound`` where a name is
+    being resolved, ``StaleHandle`` where a handle pointed at the object."""
+    if isinstance(e, PreconditionFailed):
+        return VersionChanged(str(e))
     if isinstance(e, ObjectNotFound):
-        return StaleHandle(str(e))
+        return missing(str(e))
     if isinstance(e, AccessDeniedError):
         return AccessDenied(str(e))
     if isinstance(e, BackendUnavailable):

@@ -219,7 +219,7 @@ class GatewayProcess:
         args = [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "gateway.ops.cli",
             "serve",
             "--listen",
             "127.0.0.1",

@@ -1,4 +1,4 @@
-"""Run a real ``gateway.server.Server`` for integration tests: on a background thread with its
+"""Run a real ``gateway.ops.server.Server`` for integration tests: on a background thread with its
 own event loop, so the test thread can make blocking client calls (libnfs) while the test still
 reads the server's counters in-process.
 
@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 from gateway.backend import open_store
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.clock import Clock
-from gateway.config import ExportConfig, ServerConfig
-from gateway.core import Export
-from gateway.server import Server
+from gateway.exports import Export
+from gateway.ops.config import ExportConfig, ServerConfig
+from gateway.ops.server import Server
 from nfsproto import mount3, nfs3, rpc
 from nfsproto.xdr import Reader, Writer
 

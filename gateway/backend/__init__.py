@@ -32,7 +32,7 @@ from gateway.backend.base import (
 )
 
 if TYPE_CHECKING:
-    from gateway.backend.s3 import RetryPolicy
+    from gateway.backend.config import RetryPolicy
 
 __all__ = [
     "AccessDeniedError",

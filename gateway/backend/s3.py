@@ -23,11 +23,9 @@ import calendar
 import contextlib
 import email.utils
 import hashlib
-import random
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Final, Literal, TypeVar
@@ -48,6 +46,7 @@ from gateway.backend.base import (
     PreconditionFailed,
     RequestObserver,
 )
+from gateway.backend.config import RetryPolicy
 from gateway.backend.sigv4 import (
     EMPTY_SHA256,
     UNSIGNED_PAYLOAD,
@@ -79,24 +78,6 @@ _REFRESH_RETRY_S: Final = 30.0
 _S200: Final = frozenset({200})
 _S200_204: Final = frozenset({200, 204})
 _SGET: Final = frozenset({200, 206, 416})
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Retries and timeouts for one backend call. ``deadline_s`` bounds the whole call,
-    including backoff sleeps; each attempt is bounded by ``request_timeout_s`` (connect
-    included) and ``connect_timeout_s`` for the TCP/TLS connect alone."""
-
-    max_attempts: int = 5
-    deadline_s: float = 30.0
-    request_timeout_s: float = 20.0
-    connect_timeout_s: float = 3.0
-    base_delay_s: float = 0.05
-    max_delay_s: float = 2.0
-
-    def backoff(self, attempt: int) -> float:
-        """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1)))."""
-        return random.uniform(0.0, min(self.max_delay_s, self.base_delay_s * (1 << (attempt - 1))))
 
 
 class _Retry(Exception):

@@ -5,11 +5,12 @@ Owns: object bytes between the backend and the READ handler. Must not: know abou
 handles or attributes (callers pass ``(store, key, etag, size)``), or block the event loop.
 
 ``cache.py`` stores and evicts, ``reader.py`` fetches, ``sketch.py`` counts, ``stats.py``
-exposes counters for ``gateway.metrics``.
+exposes counters for ``gateway.ops.metrics``.
 """
 
 from gateway.data.cache import ENTRY_OVERHEAD, BlockKey, DataCache
-from gateway.data.reader import DataConfig, ObjectReader
+from gateway.data.config import DataConfig
+from gateway.data.reader import ObjectReader
 from gateway.data.stats import DataStats
 
 __all__ = ["ENTRY_OVERHEAD", "BlockKey", "DataCache", "DataConfig", "DataStats", "ObjectReader"]

@@ -1,4 +1,4 @@
-"""Counters and gauges of the data layer, read by ``gateway.metrics``.
+"""Counters and gauges of the data layer, read by ``gateway.ops.metrics``.
 
 Owns: plain integers, updated in place on the event loop (no locks needed). Must not: import
 prometheus_client or know metric names; metrics.py maps these fields to ``nfsgw_*`` series and

@@ -6,7 +6,6 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from gateway.core import Gateway
 from gateway.dispatch import CallContext, Dispatcher, Procedure
 from gateway.errors import GatewayError
 from gateway.handlers import (
@@ -26,6 +25,7 @@ from gateway.handlers import (
     setattr,
     write,
 )
+from gateway.registry import Gateway
 from nfsproto import mount3, nfs3
 from nfsproto import portmap as pmap
 from nfsproto.nfs3 import Nfs3Proc

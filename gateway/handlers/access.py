@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from gateway.core import Gateway, creds, fattr
+from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
 from gateway.handlers.common import access_bits
+from gateway.policy import creds
+from gateway.registry import Gateway
 from nfsproto.nfs3 import Access3Args, Access3Res, NfsStat3
 
 

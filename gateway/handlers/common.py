@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.core import Export, fattr
+from gateway.attrs import fattr
 from gateway.errors import InvalidArgument, NameTooLong
+from gateway.exports import Export
 from gateway.namespace.index import Entry, EntryKind
 from nfsproto.nfs3 import (
     ACCESS3_DELETE,

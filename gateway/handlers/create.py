@@ -13,9 +13,10 @@ the index before the reply (the parent's mtime and cookie verifier change).
 
 from __future__ import annotations
 
-from gateway.core import Export, Gateway, fattr
+from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import Exists, GatewayError, InvalidArgument, NameTooLong
+from gateway.exports import Export
 from gateway.handlers.mutate import (
     check_dir,
     check_dir_write,
@@ -29,6 +30,7 @@ from gateway.handlers.mutate import (
 )
 from gateway.handlers.setattr import apply_sattr
 from gateway.namespace.index import Entry, EntryKind
+from gateway.registry import Gateway
 from gateway.writes import META_CREATEVERF, META_SYMLINK
 from nfsproto.nfs3 import (
     DONT_CHANGE,

@@ -3,9 +3,10 @@ reports a large constant so `df` and tools that check free space work."""
 
 from __future__ import annotations
 
-from gateway.core import Gateway, fattr
+from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
+from gateway.registry import Gateway
 from nfsproto.nfs3 import (
     FSF3_CANSETTIME,
     FSF3_HOMOGENEOUS,

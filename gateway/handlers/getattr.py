@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from gateway.core import Gateway, fattr
+from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
+from gateway.registry import Gateway
 from nfsproto.nfs3 import Getattr3Args, Getattr3Res, NfsStat3
 
 

@@ -3,11 +3,13 @@ a completely listed directory costs no request."""
 
 from __future__ import annotations
 
-from gateway.core import X_OK, Gateway, deny, fattr, permits
+from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError, NotDirectory
 from gateway.handlers.common import check_name
 from gateway.namespace.index import EntryKind
+from gateway.policy import X_OK, permits
+from gateway.registry import Gateway
 from nfsproto.nfs3 import Lookup3Args, Lookup3Res, NfsStat3
 
 
@@ -17,7 +19,7 @@ async def lookup3(gw: Gateway, ctx: CallContext, args: Lookup3Args) -> Lookup3Re
     if d.kind != EntryKind.DIR:
         return Lookup3Res(NfsStat3.NFS3ERR_NOTDIR, dir_attributes=dir_attr)
     if not permits(ctx, export, d, X_OK):
-        deny(ctx, gw, d, "lookup needs x on the directory")
+        gw.deny(ctx, d, "lookup needs x on the directory")
         return Lookup3Res(NfsStat3.NFS3ERR_ACCES, dir_attributes=dir_attr)
     raw = args.what.name
     try:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import structlog
 
-from gateway.core import Export, Gateway, Mount, client_denied
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
+from gateway.exports import Export, Mount
 from gateway.namespace.index import EntryKind
+from gateway.policy import client_denied
+from gateway.registry import Gateway
 from nfsproto.mount3 import ExportNode, Mnt3Args, Mnt3Res, MountBody, MountStat3
 from nfsproto.rpc import AuthFlavor
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
-from gateway.core import W_OK, X_OK, Export, Gateway, creds, deny, fattr, permits
+from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import (
     AccessDenied,
@@ -19,8 +19,11 @@ from gateway.errors import (
     NotFound,
     ReadOnly,
 )
+from gateway.exports import Export
 from gateway.handlers.common import check_name
 from gateway.namespace.index import Entry, EntryKind, join_path
+from gateway.policy import W_OK, X_OK, creds, permits
+from gateway.registry import Gateway
 from gateway.writes import META_GID, META_MODE, META_UID
 from nfsproto.nfs3 import Sattr3, WccAttr, WccData
 
@@ -76,7 +79,7 @@ def check_dir_write(gw: Gateway, ctx: CallContext, export: Export, d: Entry) -> 
     bits after squashing, ``core.permits``)."""
     creds(ctx, export)
     if not permits(ctx, export, d, W_OK | X_OK):
-        deny(ctx, gw, d, "adding or removing a name needs w and x on the directory")
+        gw.deny(ctx, d, "adding or removing a name needs w and x on the directory")
         raise AccessDenied(f"no write permission on directory {d.path!r}")
 
 
@@ -86,7 +89,7 @@ def may_write(gw: Gateway, ctx: CallContext, export: Export, e: Entry) -> bool:
     creds(ctx, export)
     if permits(ctx, export, e, W_OK) or is_owner(ctx, export, e):
         return True
-    deny(ctx, gw, e, "write needs w on the file")
+    gw.deny(ctx, e, "write needs w on the file")
     return False
 
 

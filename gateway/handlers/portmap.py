@@ -4,8 +4,8 @@ CALLIT is not offered (PROC_UNAVAIL: indirect calls are an amplification vector)
 
 from __future__ import annotations
 
-from gateway.core import Gateway
 from gateway.dispatch import CallContext
+from gateway.registry import Gateway
 from nfsproto import mount3, nfs3, portmap
 from nfsproto.portmap import Mapping
 

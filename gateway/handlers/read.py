@@ -3,11 +3,14 @@ aligned read-ahead for large ones), pinned to the version the attributes describ
 
 from __future__ import annotations
 
+from gateway.attrs import fattr
 from gateway.backend.base import PreconditionFailed
-from gateway.core import R_OK, Export, Gateway, deny, fattr, permits
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError, NotFound, StaleHandle
+from gateway.exports import Export
 from gateway.namespace.index import Entry, EntryKind
+from gateway.policy import R_OK, permits
+from gateway.registry import Gateway
 from nfsproto.nfs3 import NfsStat3, Read3Args, Read3Res
 from nfsproto.xdr import Buffer
 
@@ -27,7 +30,7 @@ async def read3(gw: Gateway, ctx: CallContext, args: Read3Args) -> Read3Res:
     if entry.kind != EntryKind.FILE:
         return Read3Res(NfsStat3.NFS3ERR_INVAL, file_attributes=fattr(export, entry))
     if not permits(ctx, export, entry, R_OK, read=True):
-        deny(ctx, gw, entry, "read needs r (or x) on the file")
+        gw.deny(ctx, entry, "read needs r (or x) on the file")
         return Read3Res(NfsStat3.NFS3ERR_ACCES, file_attributes=fattr(export, entry))
     if args.offset == 0:
         gw.stats.files_opened += 1

@@ -8,10 +8,13 @@ would otherwise cost eight times the round trips)."""
 
 from __future__ import annotations
 
-from gateway.core import R_OK, Export, Gateway, deny, fattr, permits
+from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError, TooSmall
+from gateway.exports import Export
 from gateway.namespace.index import Entry, EntryKind, split_path
+from gateway.policy import R_OK, permits
+from gateway.registry import Gateway
 from nfsproto.nfs3 import (
     NFS3_COOKIEVERFSIZE,
     READDIR3RES_OVERHEAD,
@@ -55,7 +58,7 @@ async def readdir3(gw: Gateway, ctx: CallContext, args: Readdir3Args) -> Readdir
     if d.kind != EntryKind.DIR:
         return Readdir3Res(NfsStat3.NFS3ERR_NOTDIR, dattr)
     if not permits(ctx, export, d, R_OK):
-        deny(ctx, gw, d, "readdir needs r on the directory")
+        gw.deny(ctx, d, "readdir needs r on the directory")
         return Readdir3Res(NfsStat3.NFS3ERR_ACCES, dattr)
     budget = min(args.count, MAX_REPLY) - READDIR3RES_OVERHEAD
     if budget < size_entry3(1):
@@ -87,7 +90,7 @@ async def readdirplus3(gw: Gateway, ctx: CallContext, args: Readdirplus3Args) ->
     if d.kind != EntryKind.DIR:
         return Readdirplus3Res(NfsStat3.NFS3ERR_NOTDIR, dattr)
     if not permits(ctx, export, d, R_OK):
-        deny(ctx, gw, d, "readdir needs r on the directory")
+        gw.deny(ctx, d, "readdir needs r on the directory")
         return Readdirplus3Res(NfsStat3.NFS3ERR_ACCES, dattr)
     budget = min(args.maxcount, MAX_REPLY) - READDIRPLUS3RES_OVERHEAD
     if budget < size_entryplus3(1, True, 8):

@@ -3,10 +3,11 @@ listings carry no metadata, so the index refreshes the entry with one HEAD when 
 
 from __future__ import annotations
 
-from gateway.core import Gateway, fattr
+from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
 from gateway.namespace.index import EntryKind
+from gateway.registry import Gateway
 from nfsproto.nfs3 import NfsStat3, Readlink3Args, Readlink3Res
 
 

@@ -8,10 +8,11 @@ rename); each answers NFS3ERR_ROFS on a read-only export.
 
 from __future__ import annotations
 
-from gateway.core import Gateway, fattr
+from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
 from gateway.handlers.mutate import wcc_unchanged
+from gateway.registry import Gateway
 from nfsproto.nfs3 import Fattr3, Link3Args, Link3Res, Mknod3Args, Mknod3Res, NfsStat3
 
 

@@ -12,7 +12,6 @@ the reply (no ghost in LOOKUP or READDIR; the parent's mtime and cookie verifier
 
 from __future__ import annotations
 
-from gateway.core import Gateway
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError, IsDirectory, NotDirectory, NotEmpty, NotFound
 from gateway.handlers.mutate import (
@@ -25,6 +24,7 @@ from gateway.handlers.mutate import (
     wcc_unchanged,
 )
 from gateway.namespace.index import EntryKind, split_path
+from gateway.registry import Gateway
 from nfsproto.nfs3 import NfsStat3, Remove3Args, Remove3Res, Rmdir3Args, Rmdir3Res
 
 

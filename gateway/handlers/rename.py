@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-from gateway.core import Export, Gateway
 from gateway.dispatch import CallContext
 from gateway.errors import (
     GatewayError,
@@ -27,6 +26,7 @@ from gateway.errors import (
     NotEmpty,
     NotSupported,
 )
+from gateway.exports import Export
 from gateway.handlers.mutate import (
     check_dir,
     check_dir_write,
@@ -38,6 +38,7 @@ from gateway.handlers.mutate import (
     wcc_unchanged,
 )
 from gateway.namespace.index import EntryKind, split_path
+from gateway.registry import Gateway
 from nfsproto.nfs3 import NfsStat3, Rename3Args, Rename3Res
 
 

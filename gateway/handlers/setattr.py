@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.core import W_OK, Export, Gateway, creds, fattr, permits
+from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import (
     GatewayError,
@@ -28,8 +28,11 @@ from gateway.errors import (
     PermissionDenied,
     StaleHandle,
 )
+from gateway.exports import Export
 from gateway.handlers.mutate import check_writable, is_owner, pre_op
 from gateway.namespace.index import Entry, EntryKind
+from gateway.policy import W_OK, creds, permits
+from gateway.registry import Gateway
 from gateway.writes import META_GID, META_MODE, META_MTIME, META_UID, mtime_value
 from nfsproto.nfs3 import NfsStat3, Sattr3, Setattr3Args, Setattr3Res, TimeHow, WccData
 

@@ -5,13 +5,13 @@ object listings. Must not: speak XDR or know about RPC; handlers translate ``Ent
 attributes and map the ``GatewayError``s raised here through ``dispatch``.
 """
 
+from gateway.namespace.config import NamespaceConfig
 from gateway.namespace.handles import HandleCodec, fileid, load_or_create_secret
 from gateway.namespace.index import (
     DirPage,
     Entry,
     EntryKind,
     Namespace,
-    NamespaceConfig,
     NamespaceStats,
 )
 

@@ -8,6 +8,7 @@ and its thread pool, ``manager.py`` everything else. Must not: know about NFS wi
 permissions (handlers own those).
 """
 
+from gateway.writes.config import WriteConfig
 from gateway.writes.manager import (
     META_CREATEVERF,
     META_GID,
@@ -17,7 +18,6 @@ from gateway.writes.manager import (
     META_UID,
     FileTooBig,
     StagedFile,
-    WriteConfig,
     WriteManager,
     WriteStats,
     mtime_value,

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from gateway.backend.s3 import S3Store
-from gateway.config import ExportConfig
+from gateway.ops.config import ExportConfig
 from tests.e2e.guest import Guest, GuestResult
 from tests.e2e.tree import MiB, Tree, md5
 from tests.faultproxy import FaultProxy, Rule

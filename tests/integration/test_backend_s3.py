@@ -22,7 +22,8 @@ from gateway.backend.base import (
     ObjectStore,
     PreconditionFailed,
 )
-from gateway.backend.s3 import CredentialCache, RetryPolicy, S3Store
+from gateway.backend.config import RetryPolicy
+from gateway.backend.s3 import CredentialCache, S3Store
 from tests.s3proxy import CountingProxy
 from tests.seaweed import SeaweedServer
 

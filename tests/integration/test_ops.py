@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.server import free_port
+from gateway.ops.server import free_port
 from tests.libnfs import LibNfs, libnfs_available
 
 pytestmark = [
@@ -106,7 +106,7 @@ class Gateway:
         }
         env.pop("NFSGW_CONFIG", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.config)],
+            [sys.executable, "-m", "gateway.ops.cli", "serve", "--config", str(self.config)],
             cwd=REPO,
             env=env,
             stdout=self.log,
@@ -177,13 +177,13 @@ def test_service_life_metrics_reload_and_logs(gateway: Gateway) -> None:
     gateway.manager.wait_for("WATCHDOG")
     assert json.loads(gateway.http("/readyz")) == {"ready": True, "backends": {"/data": "ok"}}
 
-    before = gateway.metrics()
+    before = gateway.ops.metrics()
     with LibNfs(gateway.url("/data")) as nfs:
         for c in range(CLASSES):
             for i in range(PER_CLASS):
                 data = nfs.read_file(f"/train/c{c}/img{i}.jpg")
                 assert data == bytes([c, i]) * (500 + i)
-        after = gateway.metrics()
+        after = gateway.ops.metrics()
 
         def moved(name: str, **lb: str) -> float:
             return _get(after, name, **lb) - _get(before, name, **lb)
@@ -221,7 +221,7 @@ def test_service_life_metrics_reload_and_logs(gateway: Gateway) -> None:
         gateway.manager.wait_for("RELOADING")
         gateway.manager.wait_for("READY")
         assert nfs.read_file("/train/c1/img1.jpg") == bytes([1, 1]) * 501
-        m = gateway.metrics()
+        m = gateway.ops.metrics()
         # only the /more client's connections are new (libnfs: MOUNT, NFS, and UMNT when the
         # context is destroyed): the first NFS connection was kept through both reloads
         opened = _get(m, "nfsgw_connections_opened_total")
@@ -260,7 +260,7 @@ def test_check_config_and_serve_refuse_a_bad_file(tmp_path: Path) -> None:
     env.pop("NFSGW_CONFIG", None)
     for cmd in (["check-config"], ["serve"]):
         r = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", *cmd, "--config", str(cfg)],
+            [sys.executable, "-m", "gateway.ops.cli", *cmd, "--config", str(cfg)],
             cwd=REPO,
             env=env,
             capture_output=True,

@@ -31,7 +31,7 @@ import pytest
 
 from gateway.backend.base import ObjectStore
 from gateway.backend.s3 import S3Store
-from gateway.config import ExportConfig
+from gateway.ops.config import ExportConfig
 from nfsproto import mount3, nfs3
 from nfsproto.nfs3 import (
     Diropargs3,

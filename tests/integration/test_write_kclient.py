@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gateway.backend.s3 import S3Store
-from gateway.config import ExportConfig
+from gateway.ops.config import ExportConfig
 from tests.gwharness import GatewayThread
 from tests.seaweed import SeaweedServer
 

@@ -32,8 +32,8 @@ import pytest
 
 from gateway.backend.base import ObjectNotFound
 from gateway.backend.s3 import S3Store
-from gateway.config import ExportConfig
-from gateway.server import free_port
+from gateway.ops.config import ExportConfig
+from gateway.ops.server import free_port
 from nfsproto import nfs3
 from nfsproto.nfs3 import (
     CreateHow3,
@@ -363,8 +363,8 @@ _GATEWAY_MAIN = textwrap.dedent(
     import asyncio, json, signal, sys
     from pathlib import Path
     from gateway.backend import open_store
-    from gateway.config import ExportConfig, ServerConfig
-    from gateway.server import Server
+    from gateway.ops.config import ExportConfig, ServerConfig
+    from gateway.ops.server import Server
 
     a = json.loads(sys.argv[1])
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from gateway.server import free_port
+from gateway.ops.server import free_port
 from tests.seaweed import SeaweedServer
 
 __all__ = ["GatewayProcess", "toml"]
@@ -132,7 +132,7 @@ class GatewayProcess:
             env["AWS_SECRET_ACCESS_KEY"] = self.s3.secret_key
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.config)],
+            [sys.executable, "-m", "gateway.ops.cli", "serve", "--config", str(self.config)],
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config import ExportConfig
+from gateway.ops.config import ExportConfig
 from nfsproto import nfs3
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3
 from tests.gwharness import GatewayThread, OffsetClock, RawRpc

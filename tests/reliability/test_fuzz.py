@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import ExportConfig
 from gateway.dispatch import CallObserver
-from gateway.server import Server
+from gateway.ops.config import ExportConfig
+from gateway.ops.server import Server
 from gateway.transport import ConnectionStats, Peer, RpcConnection, TransportLimits
 from nfsproto import mount3, nfs3, rpc
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gateway.config import ExportConfig
+from gateway.ops.config import ExportConfig
 from nfsproto import nfs3, rpc
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3
 from nfsproto.rpc import LAST_FRAGMENT, RecordError, RecordReader

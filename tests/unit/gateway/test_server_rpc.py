@@ -13,8 +13,8 @@ import pytest
 
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.backend.memory import MemoryStore
-from gateway.config import ExportConfig, ServerConfig
-from gateway.server import Server
+from gateway.ops.config import ExportConfig, ServerConfig
+from gateway.ops.server import Server
 from loadgen.rpcclient import RpcClient
 from nfsproto import mount3, nfs3, portmap, rpc
 from nfsproto.nfs3 import Nfs3Proc, NfsStat3

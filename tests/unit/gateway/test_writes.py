@@ -16,9 +16,10 @@ import pytest
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.backend.memory import MemoryStore
 from gateway.clock import FakeClock
-from gateway.config import ExportConfig, ServerConfig
-from gateway.core import Export, Gateway
-from gateway.server import Server
+from gateway.exports import Export
+from gateway.ops.config import ExportConfig, ServerConfig
+from gateway.ops.server import Server
+from gateway.registry import Gateway
 from loadgen.rpcclient import RpcClient
 from nfsproto import mount3, nfs3, rpc
 from nfsproto.nfs3 import (

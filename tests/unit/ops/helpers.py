@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.backend.memory import MemoryStore
 from gateway.clock import Clock
-from gateway.config import AdminConfig, ExportConfig, ServerConfig
-from gateway.server import Server
-from gateway.systemd import Notifier
+from gateway.ops.config import AdminConfig, ExportConfig, ServerConfig
+from gateway.ops.server import Server
+from gateway.ops.systemd import Notifier
 from loadgen.rpcclient import RpcClient
 from nfsproto import mount3, nfs3, rpc
 from nfsproto.nfs3 import Nfs3Proc

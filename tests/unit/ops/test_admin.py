@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from gateway import cli
 from gateway.backend.base import BackendUnavailable, ListPage
 from gateway.backend.memory import MemoryStore
 from gateway.clock import FakeClock
-from gateway.config import ConfigErrors, ConfigIssue, ExportConfig
+from gateway.ops import cli
+from gateway.ops.config import ConfigErrors, ConfigIssue, ExportConfig
 from nfsproto.nfs3 import NfsStat3
 from tests.unit.ops.helpers import Client, Http, Stores, admin_config, make_config, running, sample
 

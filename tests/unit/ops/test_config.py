@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import cli
-from gateway.config import (
+from gateway.ops import cli
+from gateway.ops.config import (
     EVERYONE,
     ConfigErrors,
     ConfigIssue,

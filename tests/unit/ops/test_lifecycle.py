@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.backend.memory import MemoryStore
-from gateway.config import ExportConfig, load_config
+from gateway.ops.config import ExportConfig, load_config
 from nfsproto import mount3
 from nfsproto.nfs3 import NfsStat3
 from tests.unit.ops.helpers import Client, Stores, make_config, running

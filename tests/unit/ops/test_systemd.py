@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ExportConfig
-from gateway.systemd import Notifier
+from gateway.ops.config import ExportConfig
+from gateway.ops.systemd import Notifier
 from tests.unit.ops.helpers import Stores, make_config, running
 
 REPO = Path(__file__).resolve().parents[3]

@@ -4,7 +4,7 @@ Owns: the routes operators and probes use, on ``admin.listen`` (127.0.0.1:9426 b
 with a config file), optionally behind a bearer token (``admin.token_file``; /healthz and
 /readyz stay open for probes):
 
-- ``GET /metrics``   Prometheus text (``gateway.metrics``)
+- ``GET /metrics``   Prometheus text (``gateway.ops.metrics``)
 - ``GET /healthz``   200 while the event loop runs
 - ``GET /readyz``    200 when serving and every export's backend answers a one-key LIST
                      (cached for ``READY_CACHE_S``); 503 with the reasons otherwise
@@ -41,13 +41,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.backend.base import BackendError
-from gateway.config import split_listen
-from gateway.core import Export
 from gateway.errors import GatewayError, NotFound
+from gateway.exports import Export
 from gateway.namespace.index import Entry, EntryKind
+from gateway.ops.config import split_listen
 
 if TYPE_CHECKING:
-    from gateway.server import Server
+    from gateway.ops.server import Server
 
 log = structlog.get_logger(__name__)
 

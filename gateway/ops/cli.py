@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway import logs
-from gateway.config import (
+from gateway.ops import logs
+from gateway.ops.config import (
     DEFAULT_ADMIN_LISTEN,
     ConfigError,
     ConfigErrors,
@@ -273,8 +273,8 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
 
 
 async def _serve(config: ServerConfig, a: argparse.Namespace) -> int:
-    from gateway.server import Server
-    from gateway.systemd import Notifier
+    from gateway.ops.server import Server
+    from gateway.ops.systemd import Notifier
 
     path = find_config_path(a.config)
     ov = overrides_from_args(a)
@@ -288,7 +288,7 @@ async def _serve(config: ServerConfig, a: argparse.Namespace) -> int:
     except OSError as e:  # a port in use, a directory we may not create
         import structlog
 
-        structlog.get_logger("gateway.cli").error("start_failed", error=str(e))
+        structlog.get_logger("gateway.ops.cli").error("start_failed", error=str(e))
         await server.stop(drain_timeout_s=0)
         return 1
     except BaseException:
@@ -337,7 +337,7 @@ def _serve_main(a: argparse.Namespace) -> int:
         import structlog
 
         for w in warnings:
-            structlog.get_logger("gateway.config").warning(
+            structlog.get_logger("gateway.ops.config").warning(
                 "config_warning", where=w.where, location=w.location, message=w.message
             )
     if config.uvloop:

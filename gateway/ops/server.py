@@ -1,5 +1,5 @@
 """Wiring: configuration -> stores, namespaces, data reader, dispatcher, listeners; the admin
-API (``gateway.admin``); signals, reload and graceful shutdown; systemd notifications.
+API (``gateway.ops.admin``); signals, reload and graceful shutdown; systemd notifications.
 
 Owns: the life cycle of one gateway process:
 
@@ -36,20 +36,23 @@ from gateway import pmap_client
 from gateway.backend import open_store, parse_store_url
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.clock import Clock, SystemClock
-from gateway.config import ConfigErrors, ExportConfig, ServerConfig, load_config
-from gateway.core import Export, Gateway, export_id_for
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
 from gateway.dispatch import Dispatcher
+from gateway.exports import Export
 from gateway.handlers import register_all
-from gateway.metrics import Metrics
+from gateway.namespace.config import NamespaceConfig
 from gateway.namespace.handles import HandleCodec, load_or_create_secret
-from gateway.namespace.index import Namespace, NamespaceConfig, NamespaceStats
-from gateway.systemd import Notifier
+from gateway.namespace.index import Namespace, NamespaceStats
+from gateway.ops.config import ConfigErrors, ExportConfig, ServerConfig, export_id_for, load_config
+from gateway.ops.metrics import Metrics
+from gateway.ops.systemd import Notifier
+from gateway.registry import Gateway
 from gateway.transport import ConnectionStats, RpcConnection, TransportLimits
+from gateway.writes import WriteConfig, WriteManager
 from nfsproto import mount3, nfs3, portmap
 
 if TYPE_CHECKING:
-    from gateway.admin import AdminApi, Warmups
+    from gateway.ops.admin import AdminApi, Warmups
 
 log = structlog.get_logger(__name__)
 
@@ -157,7 +160,7 @@ class Server:
     # ------------------------------------------------------------------ start
 
     async def start(self) -> None:
-        from gateway.admin import AdminApi, Warmups
+        from gateway.ops.admin import AdminApi, Warmups
 
         c = self.config
         await asyncio.to_thread(self._make_dirs)
@@ -171,13 +174,12 @@ class Server:
             max_readahead=c.max_readahead if c.coalesce else 0,
         )
         reader = ObjectReader(cache, data_cfg, data_stats)
-        gw = Gateway(c, handles, reader)
+        writes = WriteManager(WriteConfig.from_server(c), reader)
+        gw = Gateway(c, handles, reader, writes)
         self.metrics.add_stats("data", data_stats)
         self.metrics.add_stats("conn", self.conn_stats)
         self.metrics.add_stats("gateway", gw.stats)
-        writes = getattr(gw, "writes", None)  # the write path, when present
-        if writes is not None and getattr(writes, "stats", None) is not None:
-            self.metrics.add_stats("writes", writes.stats)
+        self.metrics.add_stats("writes", writes.stats)
         self.metrics.add_stats("namespace", self._retired_ns)
         self.metrics.extra_collectors.append(self._server_families)
         for ec in c.exports:
@@ -261,7 +263,7 @@ class Server:
         return Export(export_id_for(ec.path), ec, store, ns, prefix)
 
     def _open_store(self, ec: ExportConfig) -> ObjectStore:
-        from gateway.backend.s3 import RetryPolicy
+        from gateway.backend.config import RetryPolicy
 
         s3 = self.config.s3
         kw: dict[str, object] = {}

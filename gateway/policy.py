@@ -1,0 +1,87 @@
+"""Export access policy: which clients may use an export, how their credentials are squashed,
+and what the mode bits permit (RFC 1813 §4.4: the server checks permission on every call).
+
+Must not: count, log or resolve handles (``gateway.registry`` does).
+"""
+
+from __future__ import annotations
+
+from gateway.dispatch import CallContext
+from gateway.errors import AccessDenied
+from gateway.exports import Export
+from gateway.namespace.index import Entry, EntryKind
+from gateway.ops.config import ExportConfig
+
+
+def client_denied(cfg: ExportConfig, host: str, port: int) -> str | None:
+    """Why ``host:port`` may not use the export (None: it may)."""
+    if not cfg.allows(host):
+        return f"client {host} is not in the clients of {cfg.path}"
+    if cfg.secure_port and port >= 1024:
+        return f"client port {port} is not privileged (secure_port on {cfg.path})"
+    return None
+
+
+def check_client(ctx: CallContext, export: Export) -> None:
+    why = client_denied(export.cfg, ctx.peer.host, ctx.peer.port)
+    if why is not None:
+        raise AccessDenied(why)
+
+
+def squash(ctx: CallContext, cfg: ExportConfig) -> None:
+    """Map ``ctx``'s credentials by the export's rule, in place: ``all`` (and AUTH_NONE) ->
+    anonuid/anongid and no groups; ``root`` -> uid 0 becomes anonuid, gid 0 (primary or
+    supplementary) anongid; ``none`` keeps them."""
+    if cfg.squash == "all" or ctx.flavor == 0:
+        ctx.uid, ctx.gid, ctx.gids = cfg.anonuid, cfg.anongid, ()
+    elif cfg.squash == "root":
+        if ctx.uid == 0:
+            ctx.uid = cfg.anonuid
+        if ctx.gid == 0:
+            ctx.gid = cfg.anongid
+        if 0 in ctx.gids:
+            ctx.gids = tuple(cfg.anongid if g == 0 else g for g in ctx.gids)
+
+
+def creds(ctx: CallContext, export: Export) -> tuple[int, int, tuple[int, ...]]:
+    """(uid, gid, gids) after the export's squash rule (``resolve`` has applied it)."""
+    if ctx.export_id != export.id:
+        check_client(ctx, export)
+        squash(ctx, export.cfg)
+        ctx.export_id = export.id
+    return ctx.uid, ctx.gid, ctx.gids
+
+
+R_OK, W_OK, X_OK = 4, 2, 1
+
+
+def permits(ctx: CallContext, export: Export, e: Entry, want: int, *, read: bool = False) -> bool:
+    """Whether the caller's mapped identity has ``want`` (R_OK/W_OK/X_OK bits) on ``e`` by
+    its mode bits (RFC 1813 §4.4: the server checks permission on every call). Root (when not
+    squashed) passes. ``read``: a READ, which the owner may always do (a file opened before a
+    chmod) and which execute permission also allows (clients read binaries to run them)."""
+    uid = ctx.uid
+    if uid == 0:
+        return True
+    cfg = export.cfg
+    mode = e.mode
+    if mode is None:
+        kind = e.kind
+        mode = (
+            cfg.dir_mode
+            if kind is EntryKind.DIR
+            else 0o777
+            if kind is EntryKind.SYMLINK
+            else cfg.file_mode
+        )
+    owner = cfg.uid if e.uid is None else e.uid
+    if uid == owner:
+        if read:
+            return True
+        bits = mode >> 6
+    else:
+        group = cfg.gid if e.gid is None else e.gid
+        bits = mode >> 3 if group == ctx.gid or group in ctx.gids else mode
+    if bits & want == want:
+        return True
+    return read and e.kind is EntryKind.FILE and bool(bits & X_OK)
