@@ -5,8 +5,8 @@ export's defaults, sizes, the stable ``fileid`` and times.
 from __future__ import annotations
 
 from gateway.exports import Export
+from gateway.namespace import Entry, EntryKind
 from gateway.namespace.handles import fileid
-from gateway.namespace.index import Entry, EntryKind
 from nfsproto.nfs3 import Fattr3, Ftype3, NfsTime3, Specdata3
 
 _FTYPE = {

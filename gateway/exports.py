@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.backend.base import ObjectStore
-from gateway.namespace.index import Namespace
+from gateway.namespace import Namespace
 from gateway.ops.config import ExportConfig
 
 

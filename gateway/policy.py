@@ -9,7 +9,7 @@ from __future__ import annotations
 from gateway.dispatch import CallContext
 from gateway.errors import AccessDenied
 from gateway.exports import Export
-from gateway.namespace.index import Entry, EntryKind
+from gateway.namespace import Entry, EntryKind
 from gateway.ops.config import ExportConfig
 
 

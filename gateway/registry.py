@@ -16,8 +16,8 @@ from gateway.data import ObjectReader
 from gateway.dispatch import CallContext
 from gateway.errors import AccessDenied, CrossDevice, NotFound, StaleHandle
 from gateway.exports import Export, Mount
+from gateway.namespace import Entry
 from gateway.namespace.handles import HandleCodec
-from gateway.namespace.index import Entry
 from gateway.ops.config import ServerConfig
 from gateway.policy import check_client, squash
 from gateway.writes import WriteManager

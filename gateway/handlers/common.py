@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.attrs import fattr
 from gateway.errors import InvalidArgument, NameTooLong
 from gateway.exports import Export
-from gateway.namespace.index import Entry, EntryKind
+from gateway.namespace import Entry, EntryKind
 from nfsproto.nfs3 import (
     ACCESS3_DELETE,
     ACCESS3_EXECUTE,

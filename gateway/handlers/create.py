@@ -29,7 +29,7 @@ from gateway.handlers.mutate import (
     wcc_unchanged,
 )
 from gateway.handlers.setattr import apply_sattr
-from gateway.namespace.index import Entry, EntryKind
+from gateway.namespace import Entry, EntryKind
 from gateway.registry import Gateway
 from gateway.writes import META_CREATEVERF, META_SYMLINK
 from nfsproto.nfs3 import (

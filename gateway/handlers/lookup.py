@@ -7,7 +7,7 @@ from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError, NotDirectory
 from gateway.handlers.common import check_name
-from gateway.namespace.index import EntryKind
+from gateway.namespace import EntryKind
 from gateway.policy import X_OK, permits
 from gateway.registry import Gateway
 from nfsproto.nfs3 import Lookup3Args, Lookup3Res, NfsStat3

@@ -8,7 +8,7 @@ import structlog
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
 from gateway.exports import Export, Mount
-from gateway.namespace.index import EntryKind
+from gateway.namespace import EntryKind
 from gateway.policy import client_denied
 from gateway.registry import Gateway
 from nfsproto.mount3 import ExportNode, Mnt3Args, Mnt3Res, MountBody, MountStat3

@@ -21,7 +21,7 @@ from gateway.errors import (
 )
 from gateway.exports import Export
 from gateway.handlers.common import check_name
-from gateway.namespace.index import Entry, EntryKind, join_path
+from gateway.namespace import Entry, EntryKind, join_path
 from gateway.policy import W_OK, X_OK, creds, permits
 from gateway.registry import Gateway
 from gateway.writes import META_GID, META_MODE, META_UID

@@ -8,7 +8,7 @@ from gateway.backend.base import PreconditionFailed
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError, NotFound, StaleHandle
 from gateway.exports import Export
-from gateway.namespace.index import Entry, EntryKind
+from gateway.namespace import Entry, EntryKind
 from gateway.policy import R_OK, permits
 from gateway.registry import Gateway
 from nfsproto.nfs3 import NfsStat3, Read3Args, Read3Res

@@ -12,7 +12,7 @@ from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError, TooSmall
 from gateway.exports import Export
-from gateway.namespace.index import Entry, EntryKind, split_path
+from gateway.namespace import Entry, EntryKind, split_path
 from gateway.policy import R_OK, permits
 from gateway.registry import Gateway
 from nfsproto.nfs3 import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
-from gateway.namespace.index import EntryKind
+from gateway.namespace import EntryKind
 from gateway.registry import Gateway
 from nfsproto.nfs3 import NfsStat3, Readlink3Args, Readlink3Res
 

@@ -23,7 +23,7 @@ from gateway.handlers.mutate import (
     wcc_after,
     wcc_unchanged,
 )
-from gateway.namespace.index import EntryKind, split_path
+from gateway.namespace import EntryKind, split_path
 from gateway.registry import Gateway
 from nfsproto.nfs3 import NfsStat3, Remove3Args, Remove3Res, Rmdir3Args, Rmdir3Res
 

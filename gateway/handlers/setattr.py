@@ -30,7 +30,7 @@ from gateway.errors import (
 )
 from gateway.exports import Export
 from gateway.handlers.mutate import check_writable, is_owner, pre_op
-from gateway.namespace.index import Entry, EntryKind
+from gateway.namespace import Entry, EntryKind
 from gateway.policy import W_OK, creds, permits
 from gateway.registry import Gateway
 from gateway.writes import META_GID, META_MODE, META_MTIME, META_UID, mtime_value

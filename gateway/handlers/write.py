@@ -20,7 +20,7 @@ from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
 from gateway.handlers.mutate import may_write, pre_op, wcc_unchanged
-from gateway.namespace.index import EntryKind
+from gateway.namespace import EntryKind
 from gateway.registry import Gateway
 from nfsproto.nfs3 import (
     Commit3Args,

@@ -43,7 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gateway.backend.base import BackendError
 from gateway.errors import GatewayError, NotFound
 from gateway.exports import Export
-from gateway.namespace.index import Entry, EntryKind
+from gateway.namespace import Entry, EntryKind
 from gateway.ops.config import split_listen
 
 if TYPE_CHECKING:

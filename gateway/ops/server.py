@@ -40,9 +40,9 @@ from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
 from gateway.dispatch import Dispatcher
 from gateway.exports import Export
 from gateway.handlers import register_all
+from gateway.namespace import Namespace, NamespaceStats
 from gateway.namespace.config import NamespaceConfig
 from gateway.namespace.handles import HandleCodec, load_or_create_secret
-from gateway.namespace.index import Namespace, NamespaceStats
 from gateway.ops.config import ConfigErrors, ExportConfig, ServerConfig, export_id_for, load_config
 from gateway.ops.metrics import Metrics
 from gateway.ops.systemd import Notifier

@@ -65,7 +65,7 @@ from gateway.backend.base import (
 )
 from gateway.data import ObjectReader
 from gateway.errors import Busy, GatewayError, NotFound, StaleHandle
-from gateway.namespace.index import Entry, split_path
+from gateway.namespace import Entry, split_path
 from gateway.writes.config import MiB, WriteConfig
 from gateway.writes.extents import Extents
 from gateway.writes.spool import BudgetExceeded, Spool, SpoolFile

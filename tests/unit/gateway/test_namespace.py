@@ -36,7 +36,7 @@ from gateway.errors import (
     NotFound,
     StaleHandle,
 )
-from gateway.namespace.index import (
+from gateway.namespace import (
     DIR_SIZE,
     FIRST_COOKIE,
     DirPage,

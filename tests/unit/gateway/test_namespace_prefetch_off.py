@@ -9,8 +9,8 @@ import pytest
 from gateway.backend.memory import MemoryStore
 from gateway.clock import FakeClock
 from gateway.errors import NotFound
+from gateway.namespace import EntryKind, Namespace
 from gateway.namespace.config import NamespaceConfig
-from gateway.namespace.index import EntryKind, Namespace
 
 P = "exp/"
 

@@ -845,7 +845,7 @@ async def test_write_verifier_differs_between_starts(tmp_path: Path) -> None:
 async def test_relist_keeps_metadata_only_for_the_same_object_version() -> None:
     from gateway.backend.base import ObjectInfo
     from gateway.clock import FakeClock
-    from gateway.namespace.index import EntryKind, Namespace
+    from gateway.namespace import EntryKind, Namespace
 
     clock = FakeClock()
     store = MemoryStore(clock=clock)
