@@ -2,9 +2,13 @@
 
 Owns: decoding the call header and arguments, authentication flavours, the RPC-level errors of
 RFC 5531 (PROG_UNAVAIL, PROG_MISMATCH, PROC_UNAVAIL, GARBAGE_ARGS, SYSTEM_ERR, RPC_MISMATCH,
-AUTH_ERROR) and the mapping ``GatewayError`` -> its NFS status with the procedure's failure
-body (STYLE §3). Anything else a handler raises becomes NFS3ERR_SERVERFAULT, logged and
-counted. ``CancelledError`` is never caught here. Must not: build wire bytes by hand.
+AUTH_ERROR) and the mapping of a failed call to its reply (STYLE §3): a ``GatewayError``
+answers the body the handler attached to it (``GatewayError.with_body``) or else the
+procedure's bare result built from the status (``Procedure.fail_body``); a backend failure
+that escaped its layer is translated (``errors.as_gateway_error``); anything else becomes
+SERVERFAULT, logged with its traceback. Every failure is logged here once, at the level its
+error type carries, and counted by the status of the reply. ``CancelledError`` is never
+caught here. Must not: build wire bytes by hand.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ from typing import Any, Generic, TypeVar
 import structlog
 from structlog.contextvars import bind_contextvars
 
-from gateway.backend.base import BackendError
-from gateway.errors import GatewayError, ServerFault, StaleHandle, from_backend
+from gateway.errors import ServerFault, as_gateway_error
 from gateway.transport import Peer
 from nfsproto import rpc
+from nfsproto.nfs3 import NfsStat3
 from nfsproto.rpc import AcceptStat, AuthFlavor, AuthStat
 from nfsproto.xdr import Buffer, Reader, Writer, XdrError
 
@@ -55,9 +59,10 @@ class Procedure(Generic[A, R]):
     unpack_args: Callable[[Reader], A]
     pack_res: Callable[[Writer, R], None]
     handler: Callable[[CallContext, A], Awaitable[R]]
-    # Builds the procedure's failure body from the error (None: the procedure has no result,
-    # e.g. NULL; errors then become SYSTEM_ERR).
-    fail: Callable[[GatewayError, A], R] | None = None
+    # The procedure's bare failure result from a status, when the error carries no body
+    # (for NFSv3 the result type itself: every one is built from its status alone). None:
+    # the procedure has no failure result (NULL, UMNT, PORTMAP...): errors become SYSTEM_ERR.
+    fail_body: Callable[[NfsStat3], R] | None = None
     # Procedures that accept any auth flavour (NULL: RPCSEC_GSS context set-up probes it).
     any_auth: bool = False
 
@@ -160,44 +165,43 @@ class Dispatcher:
         # call runs in its own task, so the binding ends with it (STYLE §6).
         bind_contextvars(xid=ctx.xid, proc=name, client=ctx.peer.host)
         t0 = time.perf_counter()
-        status = "ok"
         try:
-            try:
-                res = await proc.handler(ctx, args)
-            except BackendError as be:
-                raise from_backend(be, StaleHandle) from be
-        except GatewayError as e:
-            status = e.status.name
-            if proc.fail is None:
-                return self._system_err(w, ctx, name, t0, e)
-            res = proc.fail(e, args)
-            if isinstance(e, ServerFault):
-                log.error("call_failed", xid=ctx.xid, proc=name, client=ctx.peer.host, error=str(e))
-        except Exception as e:
-            log.exception("call_crashed", xid=ctx.xid, proc=name, client=ctx.peer.host)
-            if proc.fail is None:
-                return self._system_err(w, ctx, name, t0, e)
-            status = "NFS3ERR_SERVERFAULT"
-            res = proc.fail(ServerFault(str(e)), args)
-        else:
-            s = getattr(res, "status", None)
-            if s is not None and int(s) != 0:
-                status = s.name
+            res = await proc.handler(ctx, args)
+        except Exception as exc:  # CancelledError is a BaseException: never caught here
+            res = self._failure(ctx, name, proc, exc)
+            if res is None:
+                return self._system_err(w, ctx, name, t0)
+        s = getattr(res, "status", None)
+        status = "ok" if s is None or int(s) == 0 else s.name
         rpc.pack_success_header(w, ctx.xid)
         try:
             proc.pack_res(w, res)
         except XdrError as e:
-            log.error("reply_encode_failed", xid=ctx.xid, proc=name, error=str(e))
-            w = Writer()
-            return self._system_err(w, ctx, name, t0, e)
+            log.error(
+                "reply_encode_failed", xid=ctx.xid, proc=name, client=ctx.peer.host, error=str(e)
+            )
+            return self._system_err(Writer(), ctx, name, t0)
         self.observer.call(name, status, time.perf_counter() - t0)
         return w.buffers()
 
-    def _system_err(
-        self, w: Writer, ctx: CallContext, name: str, t0: float, e: BaseException
-    ) -> list[Buffer]:
+    @staticmethod
+    def _failure(ctx: CallContext, name: str, proc: Procedure[Any, Any], exc: Exception) -> Any:
+        """The reply body for a failed call (None: SYSTEM_ERR), the failure logged once."""
+        kw = {"xid": ctx.xid, "proc": name, "client": ctx.peer.host}
+        e = as_gateway_error(exc)
+        if e is None:
+            log.exception("call_crashed", **kw)
+            e = ServerFault(f"{type(exc).__name__}: {exc}")
+        elif proc.fail_body is None:
+            log.warning("system_err", status=e.status.name, error=str(e), **kw)
+        else:
+            getattr(log, e.log_level)("call_failed", status=e.status.name, error=str(e), **kw)
+        if proc.fail_body is None:
+            return None
+        return e.body if e.body is not None else proc.fail_body(e.status)
+
+    def _system_err(self, w: Writer, ctx: CallContext, name: str, t0: float) -> list[Buffer]:
         self.observer.call(name, "SYSTEM_ERR", time.perf_counter() - t0)
-        log.warning("system_err", xid=ctx.xid, proc=name, client=ctx.peer.host, error=str(e))
         rpc.pack_accepted_reply(w, ctx.xid, AcceptStat.SYSTEM_ERR)
         return w.buffers()
 

@@ -1,16 +1,20 @@
 """The gateway's one error hierarchy. Each subclass carries the NFS status it maps to and the
 level dispatch logs it at; only ``dispatch`` turns them into replies (STYLE §3). A handler that
 must answer a failure with a body (``wcc_data``, ``post_op_attr``) raises the error with the
-body attached (``raise NotEmpty(...).with_body(res)``) and dispatch sends that body.
+body attached (``raise err.with_body(res)``, or ``handlers.common.on_failure`` around a block)
+and dispatch sends that body; without one, dispatch sends the procedure's bare result.
 
-``from_backend`` is the one translation of backend failures; the namespace and write layers call
-it at their boundary, saying what a missing object means there (NOENT for a name being looked
-up, STALE for an object a handle points to).
+``from_backend`` is the one translation of backend failures; the namespace, data and write
+layers call it at their boundary, saying what a missing object means there (NOENT for a name
+being looked up, STALE for an object a handle points to). ``as_gateway_error`` is the safety
+net for a backend failure that escaped that boundary (a handle named its object: STALE).
+
+Must not: know procedures or result types (the body is opaque here), or log.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Self
 
 from gateway.backend.base import (
     AccessDeniedError,
@@ -28,11 +32,14 @@ class GatewayError(Exception):
     # answers a client expects, like NOENT on a negative lookup).
     log_level: ClassVar[str] = "debug"
     # The procedure's full failure result (e.g. ``Remove3Res(status, wcc)``), set by
-    # ``with_body``; None: dispatch builds the bare body from ``status``.
+    # ``with_body``; None: dispatch builds the bare body from ``status``. Only on an error
+    # raised for this call: one error instance can reach several calls (a failed
+    # single-flight listing), so a body is attached to a copy (``handlers.common.on_failure``).
     body: object = None
 
-    def with_body(self, body: object) -> GatewayError:
-        """Attach the failure result the reply carries; returns ``self`` for ``raise``."""
+    def with_body(self, body: object) -> Self:
+        """Attach the failure result the reply carries (its status is ``self.status``);
+        returns ``self`` for ``raise``."""
         self.body = body
         return self
 
@@ -95,6 +102,12 @@ class NotEmpty(GatewayError):
     status = NfsStat3.NFS3ERR_NOTEMPTY
 
 
+class NotSync(GatewayError):
+    """SETATTR's guard (sattrguard3) does not match the object's ctime."""
+
+    status = NfsStat3.NFS3ERR_NOT_SYNC
+
+
 class TooSmall(GatewayError):
     status = NfsStat3.NFS3ERR_TOOSMALL
 
@@ -148,3 +161,14 @@ def from_backend(e: BackendError, missing: type[NotFound | StaleHandle]) -> Gate
     if isinstance(e, BackendUnavailable):
         return Busy(str(e))
     return IoError(str(e))
+
+
+def as_gateway_error(e: BaseException) -> GatewayError | None:
+    """``e`` as the error a reply answers: itself, or a backend failure that escaped its
+    layer's translation (an object named by a handle: missing means STALE); None for
+    anything else (a bug: dispatch answers SERVERFAULT)."""
+    if isinstance(e, GatewayError):
+        return e
+    if isinstance(e, BackendError):
+        return from_backend(e, StaleHandle)
+    return None

@@ -26,7 +26,7 @@ READs arrive slightly out of order); otherwise it opens a new stream, which is h
 access resets the window (a stream that is not sequential yet only matches an exact
 continuation). A stream opened at offset 0, or continued sequentially, reads ahead:
 when fewer than ``max(window/2, block)`` bytes remain ahead of the READ, blocks up to
-``end + window`` are requested and the window doubles, up to ``max_readahead`` (64 MiB) and to
+``end + window`` are requested and the window doubles, up to ``max_readahead`` (32 MiB) and to
 half the cache's read-ahead share. Adjacent missing blocks are fetched as one ranged GET of up
 to ``max_request_bytes`` (8 MiB) and split; demand fetches only cover the blocks the READ
 needs, so a READ never waits for 8 MiB it did not ask for.
@@ -37,8 +37,9 @@ Every block being fetched has one ``Future`` in ``_inflight``; a READ that needs
 ``asyncio.shield(future)``, so a cancelled READ never cancels the fetch others wait on. One
 GET (a ``Task``) resolves the futures of all blocks it covers; on failure every waiter gets
 the exception and nothing is cached; the next READ retries. ``PreconditionFailed`` (the etag
-changed) also drops the cached blocks and streams of that version; the caller refreshes
-attributes and retries.
+changed) also drops the cached blocks and streams of that version and reaches each caller as
+the domain's ``errors.VersionChanged`` (a fresh one per caller); ``read_current`` refreshes the
+version once through the caller's callback and reads the new one.
 
 GETs run under ``max_inflight_fetches`` slots; read-ahead may hold at most
 ``max_readahead_fetches`` of them, and a freed slot always goes to a waiting demand fetch
@@ -55,6 +56,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
 from gateway.backend.base import (
     BackendError,
@@ -65,10 +68,24 @@ from gateway.backend.base import (
 from gateway.data.cache import ENTRY_OVERHEAD, BlockKey, DataCache
 from gateway.data.config import DataConfig
 from gateway.data.stats import DataStats
+from gateway.errors import VersionChanged
 
-__all__ = ["DataConfig", "ObjectReader"]
+__all__ = ["DataConfig", "ObjectReader", "Version"]
 
 MiB = 1024 * 1024
+
+
+class Version(Protocol):
+    """What ``read_current`` needs of an object version (a namespace entry is one)."""
+
+    @property
+    def etag(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+
+V = TypeVar("V", bound=Version)
 
 
 class _Fetch:
@@ -251,12 +268,40 @@ class ObjectReader:
 
     # -- READ ----------------------------------------------------------------------------
 
+    async def read_current(
+        self,
+        store: ObjectStore,
+        key: str,
+        version: V,
+        offset: int,
+        count: int,
+        refresh: Callable[[], Awaitable[V]],
+    ) -> tuple[V, bytes | memoryview, bool]:
+        """``read`` of ``version``; when the object changed since (``VersionChanged``), one
+        ``refresh()`` (the caller's HEAD) and one read of the new version. The bytes always
+        come from the version returned; a second change escapes as ``VersionChanged``."""
+        try:
+            data, eof = await self.read(store, key, version.etag, version.size, offset, count)
+        except VersionChanged:
+            version = await refresh()
+            data, eof = await self.read(store, key, version.etag, version.size, offset, count)
+        return version, data, eof
+
     async def read(
         self, store: ObjectStore, key: str, etag: str, size: int, offset: int, count: int
     ) -> tuple[bytes | memoryview, bool]:
         """Up to ``count`` bytes of version ``etag`` (``size`` bytes long) at ``offset``, and
-        whether they reach the end of the object. Raises the backend's errors
-        (``PreconditionFailed`` when the object is no longer ``etag``)."""
+        whether they reach the end of the object. Raises ``VersionChanged`` when the object is
+        no longer ``etag``, the backend's errors otherwise."""
+        try:
+            return await self._read(store, key, etag, size, offset, count)
+        except PreconditionFailed as e:
+            # One failed GET answers every READ waiting on it: each gets its own error.
+            raise VersionChanged(str(e)) from e
+
+    async def _read(
+        self, store: ObjectStore, key: str, etag: str, size: int, offset: int, count: int
+    ) -> tuple[bytes | memoryview, bool]:
         if offset < 0 or count < 0:
             raise ValueError("offset and count must be >= 0")
         end = min(offset + count, size)

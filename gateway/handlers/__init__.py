@@ -1,4 +1,10 @@
-"""One module per procedure (or family); ``register_all`` wires them into a Dispatcher."""
+"""One module per procedure (or family); ``register_all`` wires them into a Dispatcher.
+
+The registration table also decides each procedure's bare failure result (``fail_body``):
+for NFSv3 the result type itself (every one is built from its status alone), for MNT the
+mountstat3 of the same number; the other MOUNT and PORTMAP procedures have none (SYSTEM_ERR).
+Where a failure must carry more (wcc_data, post_op_attr), the handler raises its error with
+that body attached (``common.on_failure``); no handler catches errors to build a reply."""
 
 from __future__ import annotations
 
@@ -7,7 +13,6 @@ from functools import partial
 from typing import Any
 
 from gateway.dispatch import CallContext, Dispatcher, Procedure
-from gateway.errors import GatewayError
 from gateway.handlers import (
     access,
     create,
@@ -28,7 +33,8 @@ from gateway.handlers import (
 from gateway.registry import Gateway
 from nfsproto import mount3, nfs3
 from nfsproto import portmap as pmap
-from nfsproto.nfs3 import Nfs3Proc
+from nfsproto.mount3 import Mnt3Res, MountStat3
+from nfsproto.nfs3 import Nfs3Proc, NfsStat3
 from nfsproto.xdr import Reader, Writer
 
 
@@ -47,40 +53,48 @@ def _void_res(w: Writer, v: None) -> None:
 _NULL: Procedure[None, None] = Procedure("NULL", _void_args, _void_res, _null, any_auth=True)
 
 Handler = Callable[[Gateway, CallContext, Any], Awaitable[Any]]
-Fail = Callable[[GatewayError, Any], Any]
 
-# proc -> (handler, failure body)
-_NFS: dict[Nfs3Proc, tuple[Handler, Fail]] = {
-    Nfs3Proc.GETATTR: (getattr.getattr3, getattr.getattr3_fail),
-    Nfs3Proc.SETATTR: (setattr.setattr3, setattr.setattr3_fail),
-    Nfs3Proc.LOOKUP: (lookup.lookup3, lookup.lookup3_fail),
-    Nfs3Proc.ACCESS: (access.access3, access.access3_fail),
-    Nfs3Proc.READLINK: (readlink.readlink3, readlink.readlink3_fail),
-    Nfs3Proc.READ: (read.read3, read.read3_fail),
-    Nfs3Proc.WRITE: (write.write3, write.write3_fail),
-    Nfs3Proc.CREATE: (create.create3, create.create3_fail),
-    Nfs3Proc.MKDIR: (create.mkdir3, create.mkdir3_fail),
-    Nfs3Proc.SYMLINK: (create.symlink3, create.symlink3_fail),
-    Nfs3Proc.MKNOD: (readonly.mknod3, readonly.mknod3_fail),
-    Nfs3Proc.REMOVE: (remove.remove3, remove.remove3_fail),
-    Nfs3Proc.RMDIR: (remove.rmdir3, remove.rmdir3_fail),
-    Nfs3Proc.RENAME: (rename.rename3, rename.rename3_fail),
-    Nfs3Proc.LINK: (readonly.link3, readonly.link3_fail),
-    Nfs3Proc.READDIR: (readdir.readdir3, readdir.readdir3_fail),
-    Nfs3Proc.READDIRPLUS: (readdir.readdirplus3, readdir.readdirplus3_fail),
-    Nfs3Proc.FSSTAT: (fsinfo.fsstat3, fsinfo.fsstat3_fail),
-    Nfs3Proc.FSINFO: (fsinfo.fsinfo3, fsinfo.fsinfo3_fail),
-    Nfs3Proc.PATHCONF: (fsinfo.pathconf3, fsinfo.pathconf3_fail),
-    Nfs3Proc.COMMIT: (write.commit3, write.commit3_fail),
+# proc -> (handler, result type: the bare failure body from a status)
+_NFS: dict[Nfs3Proc, tuple[Handler, Callable[[NfsStat3], Any]]] = {
+    Nfs3Proc.GETATTR: (getattr.getattr3, nfs3.Getattr3Res),
+    Nfs3Proc.SETATTR: (setattr.setattr3, nfs3.Setattr3Res),
+    Nfs3Proc.LOOKUP: (lookup.lookup3, nfs3.Lookup3Res),
+    Nfs3Proc.ACCESS: (access.access3, nfs3.Access3Res),
+    Nfs3Proc.READLINK: (readlink.readlink3, nfs3.Readlink3Res),
+    Nfs3Proc.READ: (read.read3, nfs3.Read3Res),
+    Nfs3Proc.WRITE: (write.write3, nfs3.Write3Res),
+    Nfs3Proc.CREATE: (create.create3, nfs3.Create3Res),
+    Nfs3Proc.MKDIR: (create.mkdir3, nfs3.Mkdir3Res),
+    Nfs3Proc.SYMLINK: (create.symlink3, nfs3.Symlink3Res),
+    Nfs3Proc.MKNOD: (readonly.mknod3, nfs3.Mknod3Res),
+    Nfs3Proc.REMOVE: (remove.remove3, nfs3.Remove3Res),
+    Nfs3Proc.RMDIR: (remove.rmdir3, nfs3.Rmdir3Res),
+    Nfs3Proc.RENAME: (rename.rename3, nfs3.Rename3Res),
+    Nfs3Proc.LINK: (readonly.link3, nfs3.Link3Res),
+    Nfs3Proc.READDIR: (readdir.readdir3, nfs3.Readdir3Res),
+    Nfs3Proc.READDIRPLUS: (readdir.readdirplus3, nfs3.Readdirplus3Res),
+    Nfs3Proc.FSSTAT: (fsinfo.fsstat3, nfs3.Fsstat3Res),
+    Nfs3Proc.FSINFO: (fsinfo.fsinfo3, nfs3.Fsinfo3Res),
+    Nfs3Proc.PATHCONF: (fsinfo.pathconf3, nfs3.Pathconf3Res),
+    Nfs3Proc.COMMIT: (write.commit3, nfs3.Commit3Res),
 }
+
+_MOUNT_STATS = {int(s) for s in MountStat3}
+
+
+def _mnt_fail_body(status: NfsStat3) -> Mnt3Res:
+    """mountstat3 numbers are nfsstat3's (RFC 1813 Appendix I); a status MOUNT lacks (JUKEBOX,
+    STALE...) is MNT3ERR_IO."""
+    s = int(status)
+    return Mnt3Res(MountStat3(s) if s in _MOUNT_STATS else MountStat3.MNT3ERR_IO)
 
 
 def register_all(d: Dispatcher, gw: Gateway) -> None:
     procs: dict[int, Procedure[Any, Any]] = {0: _NULL}
-    for num, (handler, fail) in _NFS.items():
+    for num, (handler, fail_body) in _NFS.items():
         codec = nfs3.PROCS[num]
         procs[num] = Procedure(
-            num.name, codec.unpack_args, codec.pack_res, partial(handler, gw), fail
+            num.name, codec.unpack_args, codec.pack_res, partial(handler, gw), fail_body
         )
     assert len(procs) == 22, "every NFSv3 procedure has a handler"
     d.register(nfs3.PROGRAM, "NFS3", nfs3.VERSION, procs)
@@ -93,7 +107,11 @@ def register_all(d: Dispatcher, gw: Gateway) -> None:
         {
             mp.NULL: _NULL,
             mp.MNT: Procedure(
-                "MNT", mount3.unpack_mnt3args, mount3.pack_mnt3res, partial(mount.mnt, gw)
+                "MNT",
+                mount3.unpack_mnt3args,
+                mount3.pack_mnt3res,
+                partial(mount.mnt, gw),
+                _mnt_fail_body,
             ),
             mp.DUMP: Procedure("DUMP", _void_args, mount3.pack_mountlist, partial(mount.dump, gw)),
             mp.UMNT: Procedure("UMNT", mount3.unpack_mnt3args, _void_res, partial(mount.umnt, gw)),

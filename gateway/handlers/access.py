@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
-from gateway.errors import GatewayError
 from gateway.handlers.common import access_bits
 from gateway.policy import creds
 from gateway.registry import Gateway
@@ -16,7 +15,3 @@ async def access3(gw: Gateway, ctx: CallContext, args: Access3Args) -> Access3Re
     uid, gid, gids = creds(ctx, export)
     allowed = access_bits(export, entry, uid, gid, gids, args.access)
     return Access3Res(NfsStat3.NFS3_OK, fattr(export, entry), allowed)
-
-
-def access3_fail(e: GatewayError, args: Access3Args) -> Access3Res:
-    return Access3Res(e.status)

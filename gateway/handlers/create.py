@@ -15,29 +15,18 @@ from __future__ import annotations
 
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
-from gateway.errors import Exists, GatewayError, InvalidArgument, NameTooLong
+from gateway.errors import Exists, InvalidArgument, NameTooLong
 from gateway.exports import Export
-from gateway.handlers.mutate import (
-    check_dir,
-    check_dir_write,
-    check_writable,
-    lookup_opt,
-    new_name,
-    new_object_metadata,
-    pre_op,
-    wcc_after,
-    wcc_unchanged,
-)
+from gateway.handlers.common import on_failure
+from gateway.handlers.mutate import lookup_opt, new_object_metadata, prepare
 from gateway.handlers.setattr import apply_sattr
-from gateway.namespace import Entry, EntryKind
+from gateway.namespace import META_CREATEVERF, META_SYMLINK, Entry, EntryKind
 from gateway.registry import Gateway
-from gateway.writes import META_CREATEVERF, META_SYMLINK
 from nfsproto.nfs3 import (
     DONT_CHANGE,
     Create3Args,
     Create3Res,
     CreateMode3,
-    Diropargs3,
     Mkdir3Args,
     Mkdir3Res,
     NfsStat3,
@@ -45,34 +34,9 @@ from nfsproto.nfs3 import (
     Symlink3Args,
     Symlink3Res,
     TimeHow,
-    WccAttr,
-    WccData,
 )
 
 MAX_SYMLINK = 4096
-
-
-async def _prepare(
-    gw: Gateway, ctx: CallContext, where: Diropargs3, *, is_dir: bool = False
-) -> tuple[Export, Entry, WccAttr, str]:
-    export, d = await gw.resolve(ctx, where.dir)
-    before = pre_op(export, d)
-    try:
-        check_writable(export)
-        check_dir(d)
-        path = new_name(export, d.path, where.name, is_dir=is_dir)
-        check_dir_write(gw, ctx, export, d)
-    except GatewayError as e:
-        raise _WithWcc(e, wcc_unchanged(export, d)) from e
-    return export, d, before, path
-
-
-class _WithWcc(Exception):
-    """A failure that carries the directory's wcc_data for the reply."""
-
-    def __init__(self, error: GatewayError, wcc: WccData) -> None:
-        self.error = error
-        self.wcc = wcc
 
 
 def _sattr_rest(s: Sattr3 | None) -> Sattr3 | None:
@@ -93,62 +57,45 @@ async def _verifier_matches(gw: Gateway, export: Export, e: Entry, verf: bytes) 
 
 
 async def create3(gw: Gateway, ctx: CallContext, args: Create3Args) -> Create3Res:
-    try:
-        export, d, before, path = await _prepare(gw, ctx, args.where)
-    except _WithWcc as w:
-        return Create3Res(w.error.status, dir_wcc=w.wcc)
-    how = args.how
-    name = path.rsplit("/", 1)[-1]
-    try:
-        async with gw.writes.lock(export, path):
-            e = await lookup_opt(export, d.path, name)
-            if e is not None:
-                if how.mode is CreateMode3.GUARDED or e.kind is not EntryKind.FILE:
+    op = await prepare(gw, ctx, args.where, Create3Res)
+    export, path, how = op.export, op.path, args.how
+    async with on_failure(op.failed), gw.writes.lock(export, path):
+        e = await lookup_opt(export, op.d.path, op.name)
+        if e is not None:
+            if how.mode is CreateMode3.GUARDED or e.kind is not EntryKind.FILE:
+                raise Exists(path)
+            if how.mode is CreateMode3.EXCLUSIVE:
+                if not await _verifier_matches(gw, export, e, how.verf):
                     raise Exists(path)
-                if how.mode is CreateMode3.EXCLUSIVE:
-                    if not await _verifier_matches(gw, export, e, how.verf):
-                        raise Exists(path)
-                elif how.obj_attributes is not None and how.obj_attributes.size is not None:
-                    # UNCHECKED on an existing file: the attributes are for a new file; only
-                    # a size (O_TRUNC) applies, as knfsd does
-                    e = await apply_sattr(gw, export, e, Sattr3(size=how.obj_attributes.size))
-            else:
-                sattr = how.obj_attributes if how.mode is not CreateMode3.EXCLUSIVE else None
-                meta = new_object_metadata(ctx, export, sattr)
-                if how.mode is CreateMode3.EXCLUSIVE:
-                    meta[META_CREATEVERF] = how.verf.hex()
-                e = await gw.writes.put_object(export, path, b"", meta)
-                rest = _sattr_rest(sattr)
-                if rest is not None:
-                    e = await apply_sattr(gw, export, e, rest)
-    except GatewayError as err:
-        return Create3Res(err.status, dir_wcc=await wcc_after(export, before, d.path))
+            elif how.obj_attributes is not None and how.obj_attributes.size is not None:
+                # UNCHECKED on an existing file: the attributes are for a new file; only
+                # a size (O_TRUNC) applies, as knfsd does
+                e = await apply_sattr(gw, export, e, Sattr3(size=how.obj_attributes.size))
+        else:
+            sattr = how.obj_attributes if how.mode is not CreateMode3.EXCLUSIVE else None
+            meta = new_object_metadata(ctx, export, sattr)
+            if how.mode is CreateMode3.EXCLUSIVE:
+                meta[META_CREATEVERF] = how.verf.hex()
+            e = await gw.writes.put_object(export, path, b"", meta)
+            rest = _sattr_rest(sattr)
+            if rest is not None:
+                e = await apply_sattr(gw, export, e, rest)
     fh = gw.handle_for(export, path)
     await gw.persist_handles()
-    return Create3Res(
-        NfsStat3.NFS3_OK, fh, fattr(export, e), await wcc_after(export, before, d.path)
-    )
+    return Create3Res(NfsStat3.NFS3_OK, fh, fattr(export, e), await op.dir_wcc())
 
 
 async def mkdir3(gw: Gateway, ctx: CallContext, args: Mkdir3Args) -> Mkdir3Res:
-    try:
-        export, d, before, path = await _prepare(gw, ctx, args.where, is_dir=True)
-    except _WithWcc as w:
-        return Mkdir3Res(w.error.status, dir_wcc=w.wcc)
-    name = path.rsplit("/", 1)[-1]
-    try:
-        async with gw.writes.lock(export, path):
-            if await lookup_opt(export, d.path, name) is not None:
-                raise Exists(path)
-            meta = new_object_metadata(ctx, export, args.attributes)
-            e = await gw.writes.put_object(export, path + "/", b"", meta)
-    except GatewayError as err:
-        return Mkdir3Res(err.status, dir_wcc=await wcc_after(export, before, d.path))
+    op = await prepare(gw, ctx, args.where, Mkdir3Res, is_dir=True)
+    export, path = op.export, op.path
+    async with on_failure(op.failed), gw.writes.lock(export, path):
+        if await lookup_opt(export, op.d.path, op.name) is not None:
+            raise Exists(path)
+        meta = new_object_metadata(ctx, export, args.attributes)
+        e = await gw.writes.put_object(export, path + "/", b"", meta)
     fh = gw.handle_for(export, path)
     await gw.persist_handles()
-    return Mkdir3Res(
-        NfsStat3.NFS3_OK, fh, fattr(export, e), await wcc_after(export, before, d.path)
-    )
+    return Mkdir3Res(NfsStat3.NFS3_OK, fh, fattr(export, e), await op.dir_wcc())
 
 
 def _check_target(raw: bytes) -> str:
@@ -162,35 +109,16 @@ def _check_target(raw: bytes) -> str:
 
 
 async def symlink3(gw: Gateway, ctx: CallContext, args: Symlink3Args) -> Symlink3Res:
-    try:
-        export, d, before, path = await _prepare(gw, ctx, args.where)
-    except _WithWcc as w:
-        return Symlink3Res(w.error.status, dir_wcc=w.wcc)
-    name = path.rsplit("/", 1)[-1]
-    try:
+    op = await prepare(gw, ctx, args.where, Symlink3Res)
+    export, path = op.export, op.path
+    async with on_failure(op.failed):
         target = _check_target(args.symlink.symlink_data)
         async with gw.writes.lock(export, path):
-            if await lookup_opt(export, d.path, name) is not None:
+            if await lookup_opt(export, op.d.path, op.name) is not None:
                 raise Exists(path)
             meta = new_object_metadata(ctx, export, None)
             meta[META_SYMLINK] = target
             e = await gw.writes.put_object(export, path, target.encode("ascii"), meta)
-    except GatewayError as err:
-        return Symlink3Res(err.status, dir_wcc=await wcc_after(export, before, d.path))
     fh = gw.handle_for(export, path)
     await gw.persist_handles()
-    return Symlink3Res(
-        NfsStat3.NFS3_OK, fh, fattr(export, e), await wcc_after(export, before, d.path)
-    )
-
-
-def create3_fail(e: GatewayError, args: Create3Args) -> Create3Res:
-    return Create3Res(e.status)
-
-
-def mkdir3_fail(e: GatewayError, args: Mkdir3Args) -> Mkdir3Res:
-    return Mkdir3Res(e.status)
-
-
-def symlink3_fail(e: GatewayError, args: Symlink3Args) -> Symlink3Res:
-    return Symlink3Res(e.status)
+    return Symlink3Res(NfsStat3.NFS3_OK, fh, fattr(export, e), await op.dir_wcc())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
-from gateway.errors import GatewayError
 from gateway.registry import Gateway
 from nfsproto.nfs3 import (
     FSF3_CANSETTIME,
@@ -33,10 +32,6 @@ async def fsstat3(gw: Gateway, ctx: CallContext, args: Fsstat3Args) -> Fsstat3Re
     )
 
 
-def fsstat3_fail(e: GatewayError, args: Fsstat3Args) -> Fsstat3Res:
-    return Fsstat3Res(e.status)
-
-
 async def fsinfo3(gw: Gateway, ctx: CallContext, args: Fsinfo3Args) -> Fsinfo3Res:
     export, entry = await gw.resolve(ctx, args.fsroot)
     c = gw.config
@@ -56,10 +51,6 @@ async def fsinfo3(gw: Gateway, ctx: CallContext, args: Fsinfo3Args) -> Fsinfo3Re
     )
 
 
-def fsinfo3_fail(e: GatewayError, args: Fsinfo3Args) -> Fsinfo3Res:
-    return Fsinfo3Res(e.status)
-
-
 async def pathconf3(gw: Gateway, ctx: CallContext, args: Pathconf3Args) -> Pathconf3Res:
     export, entry = await gw.resolve(ctx, args.object)
     return Pathconf3Res(
@@ -72,7 +63,3 @@ async def pathconf3(gw: Gateway, ctx: CallContext, args: Pathconf3Args) -> Pathc
         case_insensitive=False,
         case_preserving=True,
     )
-
-
-def pathconf3_fail(e: GatewayError, args: Pathconf3Args) -> Pathconf3Res:
-    return Pathconf3Res(e.status)

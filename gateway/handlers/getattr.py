@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
-from gateway.errors import GatewayError
 from gateway.registry import Gateway
 from nfsproto.nfs3 import Getattr3Args, Getattr3Res, NfsStat3
 
@@ -12,7 +11,3 @@ from nfsproto.nfs3 import Getattr3Args, Getattr3Res, NfsStat3
 async def getattr3(gw: Gateway, ctx: CallContext, args: Getattr3Args) -> Getattr3Res:
     export, entry = await gw.resolve(ctx, args.object)
     return Getattr3Res(NfsStat3.NFS3_OK, fattr(export, entry))
-
-
-def getattr3_fail(e: GatewayError, args: Getattr3Args) -> Getattr3Res:
-    return Getattr3Res(e.status)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
-from gateway.errors import GatewayError, NotDirectory
-from gateway.handlers.common import check_name
+from gateway.errors import AccessDenied, NotDirectory
+from gateway.handlers.common import check_name, on_failure
 from gateway.namespace import EntryKind
 from gateway.policy import X_OK, permits
 from gateway.registry import Gateway
@@ -16,19 +16,15 @@ from nfsproto.nfs3 import Lookup3Args, Lookup3Res, NfsStat3
 async def lookup3(gw: Gateway, ctx: CallContext, args: Lookup3Args) -> Lookup3Res:
     export, d = await gw.resolve(ctx, args.what.dir)
     dir_attr = fattr(export, d)
-    if d.kind != EntryKind.DIR:
-        return Lookup3Res(NfsStat3.NFS3ERR_NOTDIR, dir_attributes=dir_attr)
-    if not permits(ctx, export, d, X_OK):
-        gw.deny(ctx, d, "lookup needs x on the directory")
-        return Lookup3Res(NfsStat3.NFS3ERR_ACCES, dir_attributes=dir_attr)
-    raw = args.what.name
-    try:
+    async with on_failure(lambda s: Lookup3Res(s, dir_attributes=dir_attr)):
+        if d.kind != EntryKind.DIR:
+            raise NotDirectory(d.path)
+        if not permits(ctx, export, d, X_OK):
+            gw.deny(ctx, d, "lookup needs x on the directory")
+            raise AccessDenied(f"no search permission on {d.path!r}")
+        raw = args.what.name
         name = raw.decode() if raw in (b".", b"..") else check_name(raw)
         child = await export.ns.lookup(d.path, name)
-    except NotDirectory:
-        return Lookup3Res(NfsStat3.NFS3ERR_NOTDIR, dir_attributes=dir_attr)
-    except GatewayError as e:
-        return Lookup3Res(e.status, dir_attributes=dir_attr)
     fh = gw.handle_for(export, child.path)
     await gw.persist_handles()
     return Lookup3Res(
@@ -37,7 +33,3 @@ async def lookup3(gw: Gateway, ctx: CallContext, args: Lookup3Args) -> Lookup3Re
         obj_attributes=fattr(export, child),
         dir_attributes=dir_attr,
     )
-
-
-def lookup3_fail(e: GatewayError, args: Lookup3Args) -> Lookup3Res:
-    return Lookup3Res(e.status)

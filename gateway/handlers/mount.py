@@ -1,12 +1,14 @@
 """MOUNT v3 (RFC 1813 Appendix I): MNT hands out an export's root handle (or a subdirectory's),
-after the export's client check. DUMP/UMNT/UMNTALL keep an advisory, bounded mount list."""
+after the export's client check; its failures are raised like NFS ones and answered with the
+mountstat3 of the same number (``handlers.register_all``). DUMP/UMNT/UMNTALL keep an
+advisory, bounded mount list."""
 
 from __future__ import annotations
 
 import structlog
 
 from gateway.dispatch import CallContext
-from gateway.errors import GatewayError
+from gateway.errors import AccessDenied, InvalidArgument, NotDirectory, NotFound
 from gateway.exports import Export, Mount
 from gateway.namespace import EntryKind
 from gateway.policy import client_denied
@@ -36,24 +38,21 @@ async def mnt(gw: Gateway, ctx: CallContext, args: Mnt3Args) -> Mnt3Res:
     try:
         path = args.dirpath.decode("utf-8")
     except UnicodeDecodeError:
-        return Mnt3Res(MountStat3.MNT3ERR_INVAL)
+        raise InvalidArgument(f"mount path {args.dirpath!r} is not UTF-8") from None
     path = "/" + "/".join(c for c in path.split("/") if c)
     found = _find_export(gw, path)
     if found is None:
-        return Mnt3Res(MountStat3.MNT3ERR_NOENT)
+        raise NotFound(f"no export at or above {path!r}")
     export, rel = found
     why = client_denied(export.cfg, ctx.peer.host, ctx.peer.port)
     if why is not None:
         gw.stats.mounts_denied += 1
         log.warning("mount_denied", path=path, export=export.cfg.path, reason=why)
-        return Mnt3Res(MountStat3.MNT3ERR_ACCES)
+        raise AccessDenied(why)
     if rel:
-        try:
-            entry = await export.ns.getattr(rel)
-        except GatewayError:
-            return Mnt3Res(MountStat3.MNT3ERR_NOENT)
+        entry = await export.ns.getattr(rel)
         if entry.kind != EntryKind.DIR:
-            return Mnt3Res(MountStat3.MNT3ERR_NOTDIR)
+            raise NotDirectory(rel)
     m = Mount(ctx.peer.host, path)
     if m not in gw.mounts:
         if len(gw.mounts) >= MAX_MOUNT_RECORDS:

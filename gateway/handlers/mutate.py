@@ -2,12 +2,18 @@
 wcc_data), the checks every mutation makes (read-only export, directory, name, key length,
 permission by mode bits after squashing) and the metadata a new object carries.
 
+A mutation's failure carries wcc_data whatever failed: handlers wrap their checks in
+``on_failure`` with the unchanged wcc_data (``wcc_unchanged``) and their action with the
+wcc_data read after it (``wcc_after``); see ``handlers.common.on_failure``.
+
 Must not: touch the backend (``gateway.writes`` does) or encode replies.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
@@ -20,15 +26,16 @@ from gateway.errors import (
     ReadOnly,
 )
 from gateway.exports import Export
-from gateway.handlers.common import check_name
-from gateway.namespace import Entry, EntryKind, join_path
+from gateway.handlers.common import check_name, on_failure
+from gateway.namespace import META_GID, META_MODE, META_UID, Entry, EntryKind, join_path
 from gateway.policy import W_OK, X_OK, creds, permits
 from gateway.registry import Gateway
-from gateway.writes import META_GID, META_MODE, META_UID
-from nfsproto.nfs3 import Sattr3, WccAttr, WccData
+from nfsproto.nfs3 import Diropargs3, NfsStat3, Sattr3, WccAttr, WccData
 
 # S3's key length limit (UTF-8 bytes).
 MAX_KEY = 1024
+
+R = TypeVar("R", covariant=True)
 
 
 def pre_op(export: Export, e: Entry) -> WccAttr:
@@ -83,14 +90,14 @@ def check_dir_write(gw: Gateway, ctx: CallContext, export: Export, d: Entry) -> 
         raise AccessDenied(f"no write permission on directory {d.path!r}")
 
 
-def may_write(gw: Gateway, ctx: CallContext, export: Export, e: Entry) -> bool:
+def check_may_write(gw: Gateway, ctx: CallContext, export: Export, e: Entry) -> None:
     """Write permission on ``e``, or ownership (a file opened for writing before a chmod
     stays writable to its owner, as on a local file system)."""
     creds(ctx, export)
     if permits(ctx, export, e, W_OK) or is_owner(ctx, export, e):
-        return True
+        return
     gw.deny(ctx, e, "write needs w on the file")
-    return False
+    raise AccessDenied(f"no write permission on {e.path!r}")
 
 
 def is_owner(ctx: CallContext, export: Export, e: Entry) -> bool:
@@ -118,3 +125,55 @@ async def lookup_opt(export: Export, dir_path: str, name: str) -> Entry | None:
     with contextlib.suppress(NotFound):
         return await export.ns.lookup(dir_path, name)
     return None
+
+
+async def lists_entries(export: Export, path: str) -> bool:
+    """Whether the index shows an entry in directory ``path`` (one that vanished shows none)."""
+    with contextlib.suppress(NotFound):
+        return bool((await export.ns.readdir(path, 0, 1)).entries)
+    return False
+
+
+class DirWccRes(Protocol[R]):
+    """A result whose failure arm is the directory's wcc_data (CREATE, MKDIR, SYMLINK, MKNOD,
+    REMOVE, RMDIR): the result type itself."""
+
+    def __call__(self, status: NfsStat3, *, dir_wcc: WccData) -> R: ...
+
+
+@dataclass(slots=True)
+class NameChange(Generic[R]):
+    """A name being added to or removed from directory ``d`` (checked by ``prepare``); a
+    failure of the change answers ``res`` with d's wcc_data read after it (``failed``)."""
+
+    export: Export
+    d: Entry
+    before: WccAttr
+    path: str
+    res: DirWccRes[R]
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    async def dir_wcc(self) -> WccData:
+        return await wcc_after(self.export, self.before, self.d.path)
+
+    async def failed(self, status: NfsStat3) -> R:
+        return self.res(status, dir_wcc=await self.dir_wcc())
+
+
+async def prepare(
+    gw: Gateway, ctx: CallContext, where: Diropargs3, res: DirWccRes[R], *, is_dir: bool = False
+) -> NameChange[R]:
+    """Resolve ``where.dir`` and make the checks every name change makes (writable export, a
+    directory, a valid name that fits a key, w+x on the directory); their failures answer
+    ``res`` with the unchanged wcc_data."""
+    export, d = await gw.resolve(ctx, where.dir)
+    before = pre_op(export, d)
+    async with on_failure(lambda s: res(s, dir_wcc=wcc_unchanged(export, d))):
+        check_writable(export)
+        check_dir(d)
+        path = new_name(export, d.path, where.name, is_dir=is_dir)
+        check_dir_write(gw, ctx, export, d)
+    return NameChange(export, d, before, path, res)

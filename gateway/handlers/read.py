@@ -1,52 +1,40 @@
 """READ (RFC 1813 §3.3.6): served by the data layer (whole-object fetch for small files,
-aligned read-ahead for large ones), pinned to the version the attributes describe."""
+aligned read-ahead for large ones), pinned to the version the attributes describe; an object
+replaced since it was listed is re-read once at its new version
+(``ObjectReader.read_current``), never as bytes of two versions."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from gateway.attrs import fattr
-from gateway.backend.base import PreconditionFailed
 from gateway.dispatch import CallContext
-from gateway.errors import GatewayError, NotFound, StaleHandle
-from gateway.exports import Export
-from gateway.namespace import Entry, EntryKind
+from gateway.errors import AccessDenied, InvalidArgument, IsDirectory
+from gateway.handlers.common import handle_entry, on_failure
+from gateway.namespace import EntryKind
 from gateway.policy import R_OK, permits
 from gateway.registry import Gateway
 from nfsproto.nfs3 import NfsStat3, Read3Args, Read3Res
-from nfsproto.xdr import Buffer
-
-
-async def _read(
-    gw: Gateway, export: Export, e: Entry, offset: int, count: int
-) -> tuple[Buffer, bool]:
-    return await gw.reader.read(export.store, export.prefix + e.path, e.etag, e.size, offset, count)
 
 
 async def read3(gw: Gateway, ctx: CallContext, args: Read3Args) -> Read3Res:
     # current: past the TTL, wait for the parent's re-list rather than serve cached bytes of
     # an object that may be gone (one LIST per directory per TTL).
     export, entry = await gw.resolve(ctx, args.file, current=True)
-    if entry.kind == EntryKind.DIR:
-        return Read3Res(NfsStat3.NFS3ERR_ISDIR, file_attributes=fattr(export, entry))
-    if entry.kind != EntryKind.FILE:
-        return Read3Res(NfsStat3.NFS3ERR_INVAL, file_attributes=fattr(export, entry))
-    if not permits(ctx, export, entry, R_OK, read=True):
-        gw.deny(ctx, entry, "read needs r (or x) on the file")
-        return Read3Res(NfsStat3.NFS3ERR_ACCES, file_attributes=fattr(export, entry))
+    async with on_failure(lambda s: Read3Res(s, file_attributes=fattr(export, entry))):
+        if entry.kind == EntryKind.DIR:
+            raise IsDirectory(entry.path)
+        if entry.kind != EntryKind.FILE:
+            raise InvalidArgument(f"READ of {entry.kind.value} {entry.path!r}")
+        if not permits(ctx, export, entry, R_OK, read=True):
+            gw.deny(ctx, entry, "read needs r (or x) on the file")
+            raise AccessDenied(f"no read permission on {entry.path!r}")
     if args.offset == 0:
         gw.stats.files_opened += 1
     count = min(args.count, gw.config.rsize)
-    try:
-        data, eof = await _read(gw, export, entry, args.offset, count)
-    except PreconditionFailed:
-        # The object was replaced since it was listed: refresh its attributes and read the
-        # new version (never bytes of two versions).
-        try:
-            entry = await export.ns.refresh(entry.path)  # one HEAD, not a re-list
-        except NotFound:
-            raise StaleHandle(entry.path) from None
-        data, eof = await _read(gw, export, entry, args.offset, count)
+    # Replaced since listed: refresh its attributes (one HEAD, not a re-list; gone: STALE).
+    refresh = partial(handle_entry, export, entry.path, head=True)
+    entry, data, eof = await gw.reader.read_current(
+        export.store, export.prefix + entry.path, entry, args.offset, count, refresh
+    )
     return Read3Res(NfsStat3.NFS3_OK, fattr(export, entry), len(data), eof, data)
-
-
-def read3_fail(e: GatewayError, args: Read3Args) -> Read3Res:
-    return Read3Res(e.status)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
-from gateway.errors import GatewayError, TooSmall
+from gateway.errors import AccessDenied, NotDirectory, TooSmall
 from gateway.exports import Export
+from gateway.handlers.common import on_failure
 from gateway.namespace import Entry, EntryKind, split_path
 from gateway.policy import R_OK, permits
 from gateway.registry import Gateway
 from nfsproto.nfs3 import (
-    NFS3_COOKIEVERFSIZE,
     READDIR3RES_OVERHEAD,
     READDIRPLUS3RES_OVERHEAD,
     Entry3,
@@ -32,11 +32,10 @@ from nfsproto.nfs3 import (
 
 MAX_REPLY = 1 << 20  # we never build a READDIR(PLUS) reply larger than this
 DOT_COOKIE, DOTDOT_COOKIE = 1, 2
-_ZERO_VERF = bytes(NFS3_COOKIEVERFSIZE)
 
 
 async def _entries(
-    export: Export, d: Entry, cookie: int, verifier: bytes, max_entries: int
+    export: Export, d: Entry, cookie: int, max_entries: int
 ) -> tuple[list[tuple[int, str, Entry]], bool, bytes]:
     """(cookie, name, entry) after ``cookie``, with "." and ".." first; eof; verifier."""
     out: list[tuple[int, str, Entry]] = []
@@ -46,26 +45,29 @@ async def _entries(
         parent = d if not d.path else await export.ns.getattr(split_path(d.path)[0])
         out.append((DOTDOT_COOKIE, "..", parent))
     page = await export.ns.readdir(
-        d.path, 0 if cookie <= DOTDOT_COOKIE else cookie, verifier, max_entries=max_entries
+        d.path, 0 if cookie <= DOTDOT_COOKIE else cookie, max_entries=max_entries
     )
     out.extend((c, e.name, e) for c, e in page.entries)
     return out, page.eof, page.verifier
 
 
+def _check_readable(gw: Gateway, ctx: CallContext, export: Export, d: Entry) -> None:
+    if d.kind != EntryKind.DIR:
+        raise NotDirectory(d.path)
+    if not permits(ctx, export, d, R_OK):
+        gw.deny(ctx, d, "readdir needs r on the directory")
+        raise AccessDenied(f"no read permission on directory {d.path!r}")
+
+
 async def readdir3(gw: Gateway, ctx: CallContext, args: Readdir3Args) -> Readdir3Res:
     export, d = await gw.resolve(ctx, args.dir)
     dattr = fattr(export, d)
-    if d.kind != EntryKind.DIR:
-        return Readdir3Res(NfsStat3.NFS3ERR_NOTDIR, dattr)
-    if not permits(ctx, export, d, R_OK):
-        gw.deny(ctx, d, "readdir needs r on the directory")
-        return Readdir3Res(NfsStat3.NFS3ERR_ACCES, dattr)
+    async with on_failure(lambda s: Readdir3Res(s, dattr)):
+        _check_readable(gw, ctx, export, d)
     budget = min(args.count, MAX_REPLY) - READDIR3RES_OVERHEAD
     if budget < size_entry3(1):
         raise TooSmall(f"count {args.count}")
-    items, eof, verf = await _entries(
-        export, d, args.cookie, args.cookieverf, budget // size_entry3(0) + 1
-    )
+    items, eof, verf = await _entries(export, d, args.cookie, budget // size_entry3(0) + 1)
     entries: list[Entry3] = []
     for cookie, name, e in items:
         raw = name.encode()
@@ -80,23 +82,16 @@ async def readdir3(gw: Gateway, ctx: CallContext, args: Readdir3Args) -> Readdir
     return Readdir3Res(NfsStat3.NFS3_OK, dattr, verf, entries, eof)
 
 
-def readdir3_fail(e: GatewayError, args: Readdir3Args) -> Readdir3Res:
-    return Readdir3Res(e.status)
-
-
 async def readdirplus3(gw: Gateway, ctx: CallContext, args: Readdirplus3Args) -> Readdirplus3Res:
     export, d = await gw.resolve(ctx, args.dir)
     dattr = fattr(export, d)
-    if d.kind != EntryKind.DIR:
-        return Readdirplus3Res(NfsStat3.NFS3ERR_NOTDIR, dattr)
-    if not permits(ctx, export, d, R_OK):
-        gw.deny(ctx, d, "readdir needs r on the directory")
-        return Readdirplus3Res(NfsStat3.NFS3ERR_ACCES, dattr)
+    async with on_failure(lambda s: Readdirplus3Res(s, dattr)):
+        _check_readable(gw, ctx, export, d)
     budget = min(args.maxcount, MAX_REPLY) - READDIRPLUS3RES_OVERHEAD
     if budget < size_entryplus3(1, True, 8):
         raise TooSmall(f"maxcount {args.maxcount}")
     items, eof, verf = await _entries(
-        export, d, args.cookie, args.cookieverf, budget // size_entryplus3(0, True, 8) + 1
+        export, d, args.cookie, budget // size_entryplus3(0, True, 8) + 1
     )
     entries: list[Entryplus3] = []
     for cookie, name, e in items:
@@ -113,7 +108,3 @@ async def readdirplus3(gw: Gateway, ctx: CallContext, args: Readdirplus3Args) ->
         raise TooSmall(f"maxcount {args.maxcount} too small for the next entry")
     await gw.persist_handles()
     return Readdirplus3Res(NfsStat3.NFS3_OK, dattr, verf, entries, eof)
-
-
-def readdirplus3_fail(e: GatewayError, args: Readdirplus3Args) -> Readdirplus3Res:
-    return Readdirplus3Res(e.status)

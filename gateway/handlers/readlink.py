@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
-from gateway.errors import GatewayError
+from gateway.errors import InvalidArgument
 from gateway.namespace import EntryKind
 from gateway.registry import Gateway
 from nfsproto.nfs3 import NfsStat3, Readlink3Args, Readlink3Res
@@ -16,9 +16,6 @@ async def readlink3(gw: Gateway, ctx: CallContext, args: Readlink3Args) -> Readl
     if e.kind == EntryKind.FILE and e.symlink_target is None:
         e = await export.ns.refresh(e.path)
     if e.kind != EntryKind.SYMLINK or e.symlink_target is None:
-        return Readlink3Res(NfsStat3.NFS3ERR_INVAL, fattr(export, e))
+        err = InvalidArgument(f"READLINK of {e.kind.value} {e.path!r}")
+        raise err.with_body(Readlink3Res(err.status, fattr(export, e)))
     return Readlink3Res(NfsStat3.NFS3_OK, fattr(export, e), e.symlink_target.encode())
-
-
-def readlink3_fail(e: GatewayError, args: Readlink3Args) -> Readlink3Res:
-    return Readlink3Res(e.status)

@@ -10,33 +10,26 @@ from __future__ import annotations
 
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
-from gateway.errors import GatewayError
-from gateway.handlers.mutate import wcc_unchanged
+from gateway.errors import NotSupported
+from gateway.handlers.common import on_failure, resolve_opt
+from gateway.handlers.mutate import check_writable, wcc_unchanged
 from gateway.registry import Gateway
-from nfsproto.nfs3 import Fattr3, Link3Args, Link3Res, Mknod3Args, Mknod3Res, NfsStat3
+from nfsproto.nfs3 import Fattr3, Link3Args, Link3Res, Mknod3Args, Mknod3Res
 
 
 async def mknod3(gw: Gateway, ctx: CallContext, args: Mknod3Args) -> Mknod3Res:
-    export, e = await gw.resolve(ctx, args.where.dir)
-    status = NfsStat3.NFS3ERR_ROFS if export.cfg.read_only else NfsStat3.NFS3ERR_NOTSUPP
-    return Mknod3Res(status, dir_wcc=wcc_unchanged(export, e))
+    export, d = await gw.resolve(ctx, args.where.dir)
+    async with on_failure(lambda s: Mknod3Res(s, dir_wcc=wcc_unchanged(export, d))):
+        check_writable(export)
+        raise NotSupported("MKNOD: an object store has no device, socket or fifo files")
 
 
 async def link3(gw: Gateway, ctx: CallContext, args: Link3Args) -> Link3Res:
     export, d = await gw.resolve(ctx, args.link.dir)
-    status = NfsStat3.NFS3ERR_ROFS if export.cfg.read_only else NfsStat3.NFS3ERR_NOTSUPP
-    attrs: Fattr3 | None = None
-    try:  # the file's attributes are optional in the reply; a stale handle does not matter
-        fexport, f = await gw.resolve(ctx, args.file)
-        attrs = fattr(fexport, f)
-    except GatewayError:
-        pass
-    return Link3Res(status, attrs, wcc_unchanged(export, d))
-
-
-def mknod3_fail(e: GatewayError, args: Mknod3Args) -> Mknod3Res:
-    return Mknod3Res(e.status)
-
-
-def link3_fail(e: GatewayError, args: Link3Args) -> Link3Res:
-    return Link3Res(e.status)
+    # The file's attributes are optional in the reply: a stale handle (or one of another
+    # export) does not change the answer.
+    found = await resolve_opt(gw, ctx, args.file)
+    attrs: Fattr3 | None = fattr(*found) if found is not None else None
+    async with on_failure(lambda s: Link3Res(s, attrs, wcc_unchanged(export, d))):
+        check_writable(export)
+        raise NotSupported("LINK: an object store has no hard links")

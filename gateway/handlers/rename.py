@@ -10,7 +10,7 @@
 - POSIX rules: renaming onto itself succeeds and does nothing; a directory into its own
   subtree is NFS3ERR_INVAL; a file over a directory NFS3ERR_ISDIR; a directory over a file
   NFS3ERR_NOTDIR; a directory over a non-empty directory NFS3ERR_NOTEMPTY; across exports
-  NFS3ERR_XDEV.
+  NFS3ERR_XDEV (``Gateway.resolve`` refuses the second export's handle).
 - File handles name keys (DESIGN §3), so a handle of the old name (an open file, the Linux
   client's silly rename of an open file that is removed) is stale afterwards (docs/posix.md).
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from gateway.dispatch import CallContext
 from gateway.errors import (
-    GatewayError,
     InvalidArgument,
     IsDirectory,
     NotDirectory,
@@ -27,6 +26,7 @@ from gateway.errors import (
     NotSupported,
 )
 from gateway.exports import Export
+from gateway.handlers.common import on_failure
 from gateway.handlers.mutate import (
     check_dir,
     check_dir_write,
@@ -44,13 +44,19 @@ from nfsproto.nfs3 import NfsStat3, Rename3Args, Rename3Res
 
 async def rename3(gw: Gateway, ctx: CallContext, args: Rename3Args) -> Rename3Res:
     export, fd = await gw.resolve(ctx, args.from_.dir)
-    texport, td = await gw.resolve(ctx, args.to.dir)
-    fbefore, tbefore = pre_op(export, fd), pre_op(texport, td)
-    if texport.id != export.id:
+    _, td = await gw.resolve(ctx, args.to.dir)  # another export's handle: CrossDevice
+    fbefore, tbefore = pre_op(export, fd), pre_op(export, td)
+
+    async def result(status: NfsStat3) -> Rename3Res:  # after the change (or its failure)
         return Rename3Res(
-            NfsStat3.NFS3ERR_XDEV, wcc_unchanged(export, fd), wcc_unchanged(texport, td)
+            status,
+            await wcc_after(export, fbefore, fd.path),
+            await wcc_after(export, tbefore, td.path),
         )
-    try:
+
+    async with on_failure(
+        lambda s: Rename3Res(s, wcc_unchanged(export, fd), wcc_unchanged(export, td))
+    ):
         check_writable(export)
         check_dir(fd)
         check_dir(td)
@@ -58,24 +64,11 @@ async def rename3(gw: Gateway, ctx: CallContext, args: Rename3Args) -> Rename3Re
         dst = new_name(export, td.path, args.to.name, is_dir=True)
         check_dir_write(gw, ctx, export, fd)
         check_dir_write(gw, ctx, export, td)
-    except GatewayError as err:
-        return Rename3Res(err.status, wcc_unchanged(export, fd), wcc_unchanged(export, td))
-    try:
-        async with gw.writes.lock(export, src, dst):
-            s = await export.ns.lookup(fd.path, split_path(src)[1])
-            if src != dst:
-                await _rename(gw, export, s.kind, src, dst)
-    except GatewayError as err:
-        return Rename3Res(
-            err.status,
-            await wcc_after(export, fbefore, fd.path),
-            await wcc_after(export, tbefore, td.path),
-        )
-    return Rename3Res(
-        NfsStat3.NFS3_OK,
-        await wcc_after(export, fbefore, fd.path),
-        await wcc_after(export, tbefore, td.path),
-    )
+    async with on_failure(result), gw.writes.lock(export, src, dst):
+        moved = await export.ns.lookup(fd.path, split_path(src)[1])
+        if src != dst:
+            await _rename(gw, export, moved.kind, src, dst)
+    return await result(NfsStat3.NFS3_OK)
 
 
 async def _rename(gw: Gateway, export: Export, kind: EntryKind, src: str, dst: str) -> None:
@@ -88,7 +81,7 @@ async def _rename(gw: Gateway, export: Export, kind: EntryKind, src: str, dst: s
         if t is not None:
             if t.kind is not EntryKind.DIR:
                 raise NotDirectory(dst)
-            page = await export.ns.readdir(dst, 0, b"\0" * 8, 1)
+            page = await export.ns.readdir(dst, 0, 1)
             if page.entries or await writes.dir_has_entries(export, dst):
                 raise NotEmpty(dst)
         for sf in writes.staged_under(export, src):
@@ -104,7 +97,3 @@ async def _rename(gw: Gateway, export: Export, kind: EntryKind, src: str, dst: s
         raise IsDirectory(dst)
     await writes.commit_locked(export, src)
     await writes.rename_object(export, src, dst)
-
-
-def rename3_fail(e: GatewayError, args: Rename3Args) -> Rename3Res:
-    return Rename3Res(e.status)

@@ -20,20 +20,21 @@ import time
 
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
-from gateway.errors import (
-    GatewayError,
-    InvalidArgument,
-    IsDirectory,
-    NotFound,
-    PermissionDenied,
-    StaleHandle,
-)
+from gateway.errors import InvalidArgument, IsDirectory, NotSync, PermissionDenied
 from gateway.exports import Export
+from gateway.handlers.common import handle_entry, on_failure
 from gateway.handlers.mutate import check_writable, is_owner, pre_op
-from gateway.namespace import Entry, EntryKind
+from gateway.namespace import (
+    META_GID,
+    META_MODE,
+    META_MTIME,
+    META_UID,
+    Entry,
+    EntryKind,
+    mtime_value,
+)
 from gateway.policy import W_OK, creds, permits
 from gateway.registry import Gateway
-from gateway.writes import META_GID, META_MODE, META_MTIME, META_UID, mtime_value
 from nfsproto.nfs3 import NfsStat3, Sattr3, Setattr3Args, Setattr3Res, TimeHow, WccData
 
 
@@ -107,21 +108,14 @@ async def apply_sattr(gw: Gateway, export: Export, e: Entry, s: Sattr3) -> Entry
 async def setattr3(gw: Gateway, ctx: CallContext, args: Setattr3Args) -> Setattr3Res:
     export, e = await gw.resolve(ctx, args.object)
     before = pre_op(export, e)
-    try:
+    # A failure's wcc_data: the attributes of ``e`` as last read (late binding: after the
+    # re-read under the lock, the re-read entry).
+    async with on_failure(lambda s: Setattr3Res(s, WccData(before, fattr(export, e)))):
         check_writable(export)
         if args.guard is not None and args.guard != fattr(export, e).ctime:
-            return Setattr3Res(NfsStat3.NFS3ERR_NOT_SYNC, WccData(before, fattr(export, e)))
+            raise NotSync(f"guard of {e.path!r}")
         _check_permission(ctx, export, e, args.new_attributes)
         async with gw.writes.lock(export, e.path):
-            try:
-                e = await export.ns.getattr(e.path)
-            except NotFound:
-                raise StaleHandle(e.path) from None
+            e = await handle_entry(export, e.path)
             e = await apply_sattr(gw, export, e, args.new_attributes)
-    except GatewayError as err:
-        return Setattr3Res(err.status, WccData(before, fattr(export, e)))
     return Setattr3Res(NfsStat3.NFS3_OK, WccData(before, fattr(export, e)))
-
-
-def setattr3_fail(e: GatewayError, args: Setattr3Args) -> Setattr3Res:
-    return Setattr3Res(e.status)

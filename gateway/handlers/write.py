@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
-from gateway.errors import GatewayError
-from gateway.handlers.mutate import may_write, pre_op, wcc_unchanged
+from gateway.errors import InvalidArgument, IsDirectory
+from gateway.handlers.common import on_failure
+from gateway.handlers.mutate import check_may_write, check_writable, pre_op, wcc_unchanged
 from gateway.namespace import EntryKind
 from gateway.registry import Gateway
 from nfsproto.nfs3 import (
@@ -35,23 +36,21 @@ from nfsproto.nfs3 import (
 
 async def write3(gw: Gateway, ctx: CallContext, args: Write3Args) -> Write3Res:
     export, e = await gw.resolve(ctx, args.file)
-    if export.cfg.read_only:
-        return Write3Res(NfsStat3.NFS3ERR_ROFS, wcc_unchanged(export, e))
-    if e.kind is EntryKind.DIR:
-        return Write3Res(NfsStat3.NFS3ERR_ISDIR, wcc_unchanged(export, e))
-    if e.kind is not EntryKind.FILE:
-        return Write3Res(NfsStat3.NFS3ERR_INVAL, wcc_unchanged(export, e))
-    if not may_write(gw, ctx, export, e):
-        return Write3Res(NfsStat3.NFS3ERR_ACCES, wcc_unchanged(export, e))
-    before = pre_op(export, e)
-    data = args.data
-    if args.count < len(data):
-        data = memoryview(data)[: args.count]
-    sync = args.stable is not StableHow.UNSTABLE
-    try:
+    # Any failure: the file as it was (an UNSTABLE write is not visible before its commit,
+    # a failed commit changed nothing).
+    async with on_failure(lambda s: Write3Res(s, wcc_unchanged(export, e))):
+        check_writable(export)
+        if e.kind is EntryKind.DIR:
+            raise IsDirectory(e.path)
+        if e.kind is not EntryKind.FILE:
+            raise InvalidArgument(f"WRITE to {e.kind.value} {e.path!r}")
+        check_may_write(gw, ctx, export, e)
+        before = pre_op(export, e)
+        data = args.data
+        if args.count < len(data):
+            data = memoryview(data)[: args.count]
+        sync = args.stable is not StableHow.UNSTABLE
         after = await gw.writes.write(export, e, args.offset, data, sync)
-    except GatewayError as err:
-        return Write3Res(err.status, WccData(before, fattr(export, e)))
     return Write3Res(
         NfsStat3.NFS3_OK,
         WccData(before, fattr(export, after)),
@@ -63,23 +62,12 @@ async def write3(gw: Gateway, ctx: CallContext, args: Write3Args) -> Write3Res:
 
 async def commit3(gw: Gateway, ctx: CallContext, args: Commit3Args) -> Commit3Res:
     export, e = await gw.resolve(ctx, args.file)
-    if export.cfg.read_only:
-        return Commit3Res(NfsStat3.NFS3ERR_ROFS, wcc_unchanged(export, e))
-    before = pre_op(export, e)
-    try:
+    async with on_failure(lambda s: Commit3Res(s, wcc_unchanged(export, e))):
+        check_writable(export)
+        before = pre_op(export, e)
         after = await gw.writes.commit(export, e.path)
-    except GatewayError as err:
-        return Commit3Res(err.status, WccData(before, fattr(export, e)))
     return Commit3Res(
         NfsStat3.NFS3_OK,
         WccData(before, fattr(export, after if after is not None else e)),
         gw.write_verf,
     )
-
-
-def write3_fail(e: GatewayError, args: Write3Args) -> Write3Res:
-    return Write3Res(e.status)
-
-
-def commit3_fail(e: GatewayError, args: Commit3Args) -> Commit3Res:
-    return Commit3Res(e.status)

@@ -1,7 +1,8 @@
 """Data layer: request counts, byte-exactness, single-flight, failures, budget and eviction.
 
 Runs against an in-test fake store (a dict of key -> (bytes, etag) that counts GETs by
-(key, start, end)), so it depends on nothing but ``gateway.data`` and ``gateway.backend.base``.
+(key, start, end)), so it depends on nothing but ``gateway.data``, ``gateway.backend.base`` and
+``gateway.errors`` (a changed version reaches callers as ``VersionChanged``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gateway.backend.base import (
 )
 from gateway.data import ENTRY_OVERHEAD, DataCache, DataConfig, DataStats, ObjectReader
 from gateway.data.sketch import FrequencySketch, key_hash
+from gateway.errors import VersionChanged
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -276,7 +278,7 @@ async def test_precondition_failed_propagates_and_drops_the_version() -> None:
     assert len(cache) > 0
     new = payload(6 * MiB, 2)
     etag2 = store.put("ds/x.bin", new, '"v2"')
-    with pytest.raises(PreconditionFailed):
+    with pytest.raises(VersionChanged):
         await reader.read(as_store(store), "ds/x.bin", etag1, len(old), 5 * MiB, 100)
     assert stats.precondition_failed >= 1
     assert not any(k[2] == etag1 for k in cache._entries)
@@ -285,12 +287,41 @@ async def test_precondition_failed_propagates_and_drops_the_version() -> None:
     assert all(log[3] in (etag1, etag2) for log in store.log)
 
 
+class _Version:
+    def __init__(self, etag: str, size: int) -> None:
+        self.etag, self.size = etag, size
+
+
+async def test_read_current_refreshes_once_and_never_mixes_versions() -> None:
+    store = FakeStore()
+    old, new = payload(6 * MiB, 1), payload(6 * MiB, 2)
+    v1 = _Version(store.put("ds/x.bin", old, '"v1"'), len(old))
+    _, reader, _ = make(config=DataConfig(small_file_max=MiB))
+    await reader.read(as_store(store), "ds/x.bin", v1.etag, v1.size, 0, 100)
+    v2 = _Version(store.put("ds/x.bin", new, '"v2"'), len(new))
+    refreshes: list[str] = []
+
+    async def refresh() -> _Version:
+        refreshes.append("head")
+        return v2
+
+    got, data, _ = await reader.read_current(as_store(store), "ds/x.bin", v1, 5 * MiB, 100, refresh)
+    assert got is v2 and refreshes == ["head"]
+    assert bytes(data) == new[5 * MiB : 5 * MiB + 100]
+    # Changed again before the second read: no third read, the change escapes.
+    store.put("ds/x.bin", old, '"v3"')
+    refreshes.clear()
+    with pytest.raises(VersionChanged):
+        await reader.read_current(as_store(store), "ds/x.bin", v1, 4 * MiB, 100, refresh)
+    assert refreshes == ["head"]
+
+
 async def test_store_ignoring_if_match_is_caught_by_etag_check() -> None:
     store = FakeStore()
     store.ignore_if_match = True
     store.put("k", b"new bytes", '"v2"')
     cache, reader, _ = make()
-    with pytest.raises(PreconditionFailed):
+    with pytest.raises(VersionChanged):
         await reader.read(as_store(store), "k", '"v1"', 9, 0, 9)
     assert len(cache) == 0
 
