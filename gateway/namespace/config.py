@@ -1,10 +1,15 @@
-"""The namespace layer's settings (the ``[cache]`` TTL/prefetch knobs and the export's
-``attr_ttl_s``/``immutable``).
+"""The namespace layer's settings. ``prefetch`` is a key of the ``[cache]`` table of
+``nfsgw.toml`` (declared here, ``gateway.settings``); ``attr_ttl_s`` and ``immutable`` come
+from the export (``ExportConfig``) and ``memory_bytes`` from its share of
+``[cache] metadata_memory``, both set per export by the composition root; the rest are tunables
+no file sets.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from gateway.settings import boolean, setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,4 +26,10 @@ class NamespaceConfig:
     probes_per_dir: int = 4096
     dir_times_max: int = 100_000
     retry_after_error_s: float = 1.0
-    prefetch: bool = True  # False: lookups are targeted requests, never listings (comparisons)
+    prefetch: bool = field(
+        default=True,
+        metadata=setting(
+            boolean, "disable directory metadata prefetch (for comparisons)", flag="--no-prefetch"
+        ),
+    )
+    """False: lookups are targeted requests, never listings (comparisons)."""

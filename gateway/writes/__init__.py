@@ -3,37 +3,26 @@ budget, committing it as objects (one PUT, or a multipart upload whose full part
 as they fill), and the object-level mutations behind CREATE, MKDIR, SYMLINK, SETATTR, REMOVE,
 RMDIR and RENAME, each followed by the index update that makes it visible at once.
 
-``extents.py`` tracks written byte ranges, ``spool.py`` owns the spool directory, its budget
-and its thread pool, ``manager.py`` everything else. Must not: know about NFS wire types or
-permissions (handlers own those).
+Modules: ``manager`` (``WriteManager``, the facade handlers use, and the one place backend
+errors become ``GatewayError``s), ``staging`` (the staged files, write-back), ``upload``
+(``StagedFile`` and how it becomes an object version), ``objects`` (whole-object mutations),
+``metadata`` (the full metadata of known object versions), ``locks`` (per-path locks),
+``spool`` (spool directory, budget, thread pool), ``extents`` (written byte ranges), ``stats``,
+``config``. The object-metadata schema is ``gateway.namespace.objmeta`` (the index reads it).
+
+Must not: import ``nfsproto`` or know about NFS wire types or permissions (handlers own
+those), or let a backend exception reach a handler. May import ``gateway.namespace``,
+``gateway.data`` and ``gateway.exports``; none of them imports this.
 """
 
 from gateway.writes.config import WriteConfig
-from gateway.writes.manager import (
-    META_CREATEVERF,
-    META_GID,
-    META_MODE,
-    META_MTIME,
-    META_SYMLINK,
-    META_UID,
-    FileTooBig,
-    StagedFile,
-    WriteManager,
-    WriteStats,
-    mtime_value,
-)
+from gateway.writes.manager import WriteManager
+from gateway.writes.stats import WriteStats
+from gateway.writes.upload import StagedFile
 
 __all__ = [
-    "META_CREATEVERF",
-    "META_GID",
-    "META_MODE",
-    "META_MTIME",
-    "META_SYMLINK",
-    "META_UID",
-    "FileTooBig",
     "StagedFile",
     "WriteConfig",
     "WriteManager",
     "WriteStats",
-    "mtime_value",
 ]

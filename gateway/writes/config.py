@@ -1,24 +1,46 @@
-"""The write path's settings: spool, multipart parts, idle flush, rename bounds."""
+"""The write path's settings, the ``[writes]`` table of ``nfsgw.toml`` (each key declared
+once, here: ``gateway.settings``): spool, multipart parts, idle flush, rename bounds; and the
+S3 multipart limits they are checked against.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
+
+from gateway.settings import abs_path, int_in, seconds, setting, size
 
 MiB: Final = 1 << 20
 S3_MAX_PARTS: Final = 10_000
 S3_MIN_PART: Final = 5 * MiB
+S3_MAX_PART: Final = 5 << 30
 
 
 @dataclass(frozen=True, slots=True)
 class WriteConfig:
-    spool_dir: Path
-    spool_bytes: int = 2 << 30
-    part_size: int = 8 * MiB
+    spool_dir: Path = field(
+        default=Path("spool"),
+        metadata=setting(abs_path, "where WRITE data is staged before it is uploaded"),
+    )
+    """A relative path is under the state directory (the composition root resolves it)."""
+    spool_bytes: int = field(
+        default=2 << 30,
+        metadata=setting(size(1 * MiB), "staged bytes at most; past it NFS3ERR_JUKEBOX"),
+    )
+    part_size: int = field(
+        default=8 * MiB,
+        metadata=setting(size(S3_MIN_PART, S3_MAX_PART), "multipart part size"),
+    )
     max_staged_files: int = 1024
-    flush_idle_s: float = 30.0
-    rename_max_entries: int = 1000
+    flush_idle_s: float = field(
+        default=30.0,
+        metadata=setting(seconds(0.001), "idle staged data is uploaded without a COMMIT"),
+    )
+    rename_max_entries: int = field(
+        default=1000,
+        metadata=setting(int_in(1, 10_000_000), "objects a directory RENAME copies at most"),
+    )
     io_threads: int = 4
     upload_concurrency: int = 4
     copy_concurrency: int = 8
@@ -31,24 +53,3 @@ class WriteConfig:
     @property
     def max_file_size(self) -> int:
         return self.part_size * S3_MAX_PARTS
-
-    @classmethod
-    def from_server(cls, cfg: object) -> WriteConfig:
-        """From a ``ServerConfig``: its write knobs where it has them, else the defaults."""
-        state_dir = Path(getattr(cfg, "state_dir", "/var/lib/nfsgw"))
-        spool_dir = getattr(cfg, "spool_dir", None) or state_dir / "spool"
-        kw: dict[str, int | float] = {}
-        for ours, theirs in _SERVER_KNOBS.items():
-            v = getattr(cfg, theirs, None)
-            if isinstance(v, int | float):
-                kw[ours] = v
-        return cls(Path(spool_dir), **kw)  # type: ignore[arg-type]
-
-
-# WriteConfig field -> ServerConfig field
-_SERVER_KNOBS: Final = {
-    "spool_bytes": "spool_bytes",
-    "part_size": "write_part_size",
-    "flush_idle_s": "write_flush_idle_s",
-    "rename_max_entries": "rename_max_entries",
-}

@@ -4,7 +4,7 @@ Owns: the spool directory (created at start, emptied of a previous run's files),
 file per staged object, the budget of staged bytes, the bounded thread pool every spool file
 operation runs in (the event loop never touches the disk), and the journal of multipart
 uploads in flight (``<id>.upload``), so uploads orphaned by a crash are aborted after the
-restart. Must not: know about NFS, objects or the backend (the manager does).
+restart. Must not: know about NFS, objects or the backend (``staging`` and ``upload`` do).
 
 The spool holds no data worth recovering: after a crash the write verifier changes and the
 clients resend everything they had not seen committed (RFC 1813 §3.3.7), so start-up deletes

@@ -50,7 +50,6 @@ from gateway.namespace import (
 )
 
 P = "exp/"
-V0 = b"\0" * 8
 
 
 def make(
@@ -67,13 +66,13 @@ def make(
 
 async def readdir_all(ns: Namespace, path: str, page: int = 1000) -> list[tuple[int, Entry]]:
     out: list[tuple[int, Entry]] = []
-    cookie, verf = 0, V0
+    cookie = 0
     while True:
-        res = await ns.readdir(path, cookie, verf, page)
+        res = await ns.readdir(path, cookie, page)
         out += res.entries
         if res.eof:
             return out
-        cookie, verf = res.entries[-1][0], res.verifier
+        cookie = res.entries[-1][0]
 
 
 # -- the fake store --------------------------------------------------------------------------
@@ -278,7 +277,7 @@ async def test_partial_mode_after_max_list_pages():
     assert ns.stats.targeted_lookups == 0
     assert (await ns.lookup("big", "077")).name == "077"  # beyond: targeted
     assert ns.stats.targeted_lookups == 1
-    res = await ns.readdir("big", 0, V0, 1000)
+    res = await ns.readdir("big", 0, 1000)
     assert [e.name for _, e in res.entries] == [f"{i:03d}" for i in range(30)]
     assert res.eof and res.truncated
 
@@ -315,9 +314,9 @@ async def test_awkward_keys():
     assert ents["marker"].kind is EntryKind.DIR and ents["both"].kind is EntryKind.DIR
     assert ents["both"].size == DIR_SIZE
     assert ns.stats.skipped_keys == len(bad)
-    assert (await ns.readdir("w/marker", 0, V0)).entries == []
-    assert [e.name for _, e in (await ns.readdir("w/both", 0, V0)).entries] == ["child"]
-    assert [e.name for _, e in (await ns.readdir("w/dironly", 0, V0)).entries] == ["c"]
+    assert (await ns.readdir("w/marker", 0)).entries == []
+    assert [e.name for _, e in (await ns.readdir("w/both", 0)).entries] == ["child"]
+    assert [e.name for _, e in (await ns.readdir("w/dironly", 0)).entries] == ["c"]
     with pytest.raises(NameTooLong):
         await ns.lookup("w", "z" * 256)
     for n in ("", "a/b", "nul\0"):
@@ -336,7 +335,7 @@ async def test_dot_dotdot_notdir_stale():
     with pytest.raises(NotDirectory):
         await ns.lookup("a/b/file", "x")
     with pytest.raises(NotDirectory):
-        await ns.readdir("a/b/file", 0, V0)
+        await ns.readdir("a/b/file", 0)
     with pytest.raises(NotDirectory):
         await ns.lookup("a/b/file", ".")
     # A fresh namespace (no parent cached) finds out through the parent's listing.
@@ -347,8 +346,8 @@ async def test_dot_dotdot_notdir_stale():
     with pytest.raises(StaleHandle):
         await ns2.lookup("gone", "x")
     with pytest.raises(StaleHandle):
-        await ns2.readdir("gone/deeper", 0, V0)
-    assert (await ns2.readdir("", 0, V0)).entries[0][1].name == "a"  # root always exists
+        await ns2.readdir("gone/deeper", 0)
+    assert (await ns2.readdir("", 0)).entries[0][1].name == "a"  # root always exists
 
 
 async def test_metadata_from_head_and_symlinks():
@@ -455,7 +454,7 @@ async def test_immutable_never_expires():
     await ns.lookup("d", "a")
     clock.advance(10**9)
     await ns.lookup("d", "a")
-    await ns.readdir("d", 0, V0)
+    await ns.readdir("d", 0)
     assert store.requests == {"list": 1}
 
 
@@ -486,9 +485,9 @@ async def test_failed_first_listing_reaches_every_waiter():
     assert store.requests == {"list": 1}
     store.fail = lambda op, key: BackendError("io")
     with pytest.raises(IoError):
-        await ns.readdir("d", 0, V0)
+        await ns.readdir("d", 0)
     store.fail = None
-    assert len((await ns.readdir("d", 0, V0)).entries) == 1
+    assert len((await ns.readdir("d", 0)).entries) == 1
 
 
 # -- budget ------------------------------------------------------------------------------------
@@ -515,7 +514,7 @@ async def test_dir_being_listed_is_not_evicted():
     for i in range(40):
         store.seed(f"{P}big/{i:03d}")
     store.seed(f"{P}small/x")
-    t = asyncio.ensure_future(ns.readdir("big", 0, V0))
+    t = asyncio.ensure_future(ns.readdir("big", 0))
     await asyncio.sleep(0.003)
     await ns.lookup("small", "x")
     res = await t
@@ -535,31 +534,31 @@ async def test_readdir_cookies_paging_and_verifier():
     cookies = [c for c, _ in got]
     assert len(set(cookies)) == 50 and min(cookies) >= FIRST_COOKIE
     assert cookies[10] == cookie_hash("f010")
-    first = await ns.readdir("d", 0, V0, 5)
-    again = await ns.readdir("d", cookies[4], first.verifier, 5)
+    first = await ns.readdir("d", 0, 5)
+    again = await ns.readdir("d", cookies[4], 5)
     assert [e.name for _, e in again.entries] == names[5:10] and not again.eof
     with pytest.raises(BadCookie):
-        await ns.readdir("d", 12345, first.verifier)
+        await ns.readdir("d", 12345)
     # A change moves the verifier; the old one still works while its cookie resolves.
     ns.upsert(store.seed(f"{P}d/f004a"))
-    res = await ns.readdir("d", cookies[4], first.verifier, 2)
+    res = await ns.readdir("d", cookies[4], 2)
     assert res.verifier != first.verifier
     assert [e.name for _, e in res.entries] == ["f004a", "f005"]
     # Resuming from a removed name continues after it.
     ns.remove("d/f010")
-    res = await ns.readdir("d", cookies[10], res.verifier, 1)
+    res = await ns.readdir("d", cookies[10], 1)
     assert res.entries[0][1].name == "f011"
-    assert (await ns.readdir("d", 1, V0, 1)).entries[0][1].name == "f000"  # "." cookie
+    assert (await ns.readdir("d", 1, 1)).entries[0][1].name == "f000"  # "." cookie
     assert store.requests == {"list": 1}
 
 
 async def test_cookie_collisions_are_probed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gateway.namespace.index as index
+    import gateway.namespace.cookies as cookies
 
     def weak(name: str, salt: int = 0) -> int:  # every name collides with many others
         return FIRST_COOKIE + len(name) % 3 + 10 * salt
 
-    monkeypatch.setattr(index, "cookie_hash", weak)
+    monkeypatch.setattr(cookies, "cookie_hash", weak)
     store, ns, _ = make()
     names = [f"{'x' * (i % 5)}{i:02d}" for i in range(30)]
     for n in names:
@@ -569,7 +568,7 @@ async def test_cookie_collisions_are_probed(monkeypatch: pytest.MonkeyPatch) -> 
     assert len({c for c, _ in got}) == 30
     cookie = next(c for c, e in got if e.name == "xx12")
     ns.remove("d/xx12")
-    res = await ns.readdir("d", cookie, V0, 1)
+    res = await ns.readdir("d", cookie, 1)
     assert res.entries[0][1].name == sorted(names)[sorted(names).index("xx12") + 1]
 
 
@@ -580,11 +579,11 @@ async def test_removed_cookies_are_bounded():
     got = await readdir_all(ns, "d")
     for i in range(5):
         ns.remove(f"d/{i}")
-    assert (await ns.readdir("d", got[4][0], V0)).entries[0][1].name == "5"
+    assert (await ns.readdir("d", got[4][0])).entries[0][1].name == "5"
     with pytest.raises(BadCookie):
-        await ns.readdir("d", got[0][0], V0)  # forgotten
+        await ns.readdir("d", got[0][0])  # forgotten
     ns.upsert(store.seed(f"{P}d/0"))
-    assert (await ns.readdir("d", got[0][0], V0)).entries[0][1].name == "5"
+    assert (await ns.readdir("d", got[0][0])).entries[0][1].name == "5"
 
 
 async def test_cookies_survive_eviction():
@@ -592,10 +591,10 @@ async def test_cookies_survive_eviction():
     for i in range(10):
         store.seed(f"{P}a/{i}")
         store.seed(f"{P}b/{i}")
-    page = await ns.readdir("a", 0, V0, 3)
-    await ns.readdir("b", 0, V0)
+    page = await ns.readdir("a", 0, 3)
+    await ns.readdir("b", 0)
     assert "a" not in ns.cached_dirs()
-    rest = await ns.readdir("a", page.entries[-1][0], page.verifier, 100)
+    rest = await ns.readdir("a", page.entries[-1][0], 100)
     assert [e.name for _, e in rest.entries] == [str(i) for i in range(3, 10)]
 
 
@@ -605,14 +604,14 @@ async def test_readdirplus_sequence_across_relist_5000():
     for n in names:
         store.seed(f"{P}big/{n}")
     seen: list[str] = []
-    cookie, verf = 0, V0
+    cookie = 0
     pages = 0
     removed: set[str] = set()
     added: set[str] = set()
     first_verf = None
     settled = 0
     while True:
-        res = await ns.readdir("big", cookie, verf, 97)
+        res = await ns.readdir("big", cookie, 97)
         first_verf = first_verf or res.verifier
         seen += [e.name for _, e in res.entries]
         pages += 1
@@ -635,7 +634,7 @@ async def test_readdirplus_sequence_across_relist_5000():
             settled = len(seen)
         if res.eof:
             break
-        cookie, verf = res.entries[-1][0], res.verifier
+        cookie = res.entries[-1][0]
     assert len(seen) == len(set(seen)), "an entry was returned twice"
     cut = seen[20 * 97 - 1]
     before = [n for n in names if n <= cut]
@@ -661,11 +660,11 @@ async def test_hooks_upsert_remove_without_requests():
     e = ns.upsert(info)
     assert e.size == 3
     assert (await ns.lookup("d", "b")).size == 3  # no stale negative entry
-    assert [e.name for _, e in (await ns.readdir("d", 0, V0)).entries] == ["a", "b"]
+    assert [e.name for _, e in (await ns.readdir("d", 0)).entries] == ["a", "b"]
     ns.remove("d/a")
     with pytest.raises(NotFound):
         await ns.lookup("d", "a")  # no ghost
-    assert [e.name for _, e in (await ns.readdir("d", 0, V0)).entries] == ["b"]
+    assert [e.name for _, e in (await ns.readdir("d", 0)).entries] == ["b"]
     # New subdirectories appear in their cached ancestors.
     ns.upsert(await store.put(f"{P}d/new/deep/f", b""))
     assert (await ns.lookup("d", "new")).kind is EntryKind.DIR
@@ -676,7 +675,7 @@ async def test_hooks_upsert_remove_without_requests():
     assert (await ns.lookup("d/new/deep", "f")).name == "f"
     ns.remove("d/new")
     assert not [p for p in ns.cached_dirs() if p.startswith("d/new")]
-    await ns.readdir("", 0, V0)
+    await ns.readdir("", 0)
     ns.upsert(Entry("r", "r", EntryKind.FILE, 1, 0, 0, "e"))
     assert (await ns.lookup("", "r")).size == 1
 
@@ -684,7 +683,7 @@ async def test_hooks_upsert_remove_without_requests():
 async def test_upsert_during_listing_is_not_undone():
     store, ns, _ = make(latency=0.01)
     store.seed(f"{P}d/a")
-    t = asyncio.ensure_future(ns.readdir("d", 0, V0))
+    t = asyncio.ensure_future(ns.readdir("d", 0))
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     # The listing request is in flight; the write path removes a and adds b.

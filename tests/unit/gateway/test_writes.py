@@ -16,11 +16,11 @@ import pytest
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.backend.memory import MemoryStore
 from gateway.clock import FakeClock
-from gateway.exports import Export
-from gateway.ops.config import ExportConfig, ServerConfig
+from gateway.exports import Export, ExportConfig
+from gateway.ops.config import ServerConfig
 from gateway.ops.server import Server
 from gateway.registry import Gateway
-from loadgen.rpcclient import RpcClient
+from gateway.rpcclient import RpcClient
 from nfsproto import mount3, nfs3, rpc
 from nfsproto.nfs3 import (
     CreateHow3,
@@ -211,15 +211,15 @@ async def make_env(tmp_path: Path, store: MemoryStore, **kw: Any) -> AsyncIterat
         ExportConfig("/rw", "s3://bucket/rw/", squash="none"),
         ExportConfig("/ro", "s3://bucket/rw/", read_only=True),
     )
-    kw.setdefault("write_part_size", PART)
-    kw.setdefault("write_flush_idle_s", 0.0)  # no background flusher: tests call flush_idle
-    cfg = ServerConfig(
-        listen="127.0.0.1",
-        port=0,
-        state_dir=tmp_path / "state",
-        exports=exports,
+    kw.setdefault("writes_part_size", PART)
+    kw.setdefault("writes_flush_idle_s", 0.0)  # no background flusher: tests call flush_idle
+    cfg = ServerConfig.of(
+        exports,
+        server_listen="127.0.0.1",
+        server_port=0,
+        server_state_dir=tmp_path / "state",
         cache_memory=64 << 20,
-        uvloop=False,
+        server_uvloop=False,
         **kw,
     )
 
@@ -733,7 +733,7 @@ async def test_rename_directory_over_the_limit_is_not_supported(tmp_path: Path) 
     store = MemoryStore("mem")
     for i in range(6):
         store.seed(f"rw/many/f{i}", b"x")
-    async with make_env(tmp_path, store, rename_max_entries=5) as env:
+    async with make_env(tmp_path, store, writes_rename_max_entries=5) as env:
         r = await env.rename(env.root, b"many", env.root, b"other")
         assert r.status == NfsStat3.NFS3ERR_NOTSUPP
         assert len([k for k in keys(store) if k.startswith("rw/many/")]) == 6
@@ -786,7 +786,7 @@ async def test_link_mknod_not_supported_and_read_only(env: Env) -> None:
 
 
 async def test_spool_budget_answers_jukebox_then_makes_room(tmp_path: Path) -> None:
-    async with make_env(tmp_path, MemoryStore("mem"), spool_bytes=2 * MiB) as env:
+    async with make_env(tmp_path, MemoryStore("mem"), writes_spool_bytes=2 * MiB) as env:
         a = (await env.create(b"a")).obj
         b = (await env.create(b"b")).obj
         assert a is not None and b is not None
@@ -818,6 +818,20 @@ async def test_idle_files_are_committed_without_commit(env: Env) -> None:
 
 async def test_base_replaced_under_staged_writes_is_rebased(env: Env) -> None:
     fh = await env.fh("dir/b.txt")
+    await env.write(fh, 1, b"X")
+    env.store.seed("rw/dir/b.txt", b"other writer")  # replaced behind our back
+    cm = await env.commit(fh)
+    assert cm.status == NfsStat3.NFS3_OK
+    assert env.data("rw/dir/b.txt") == b"oXher writer"
+    assert env.gw.writes.stats.rebases == 1
+
+
+async def test_base_replaced_after_our_own_commit_is_rebased(env: Env) -> None:
+    # The base's metadata is cached (our own commit remembered it), so the first sign of
+    # the replacement is the data reader's pinned GET failing: VersionChanged -> rebase.
+    fh = await env.fh("dir/b.txt")
+    await env.write(fh, 0, b"b")
+    assert (await env.commit(fh)).status == NfsStat3.NFS3_OK
     await env.write(fh, 1, b"X")
     env.store.seed("rw/dir/b.txt", b"other writer")  # replaced behind our back
     cm = await env.commit(fh)
@@ -982,3 +996,26 @@ async def test_write_racing_a_remove_never_recreates_the_file(env: Env) -> None:
     res = await w
     assert res.status == NfsStat3.NFS3ERR_STALE
     assert "rw/gone" not in env.all_keys() and writes.staged(env.export, "gone") is None
+
+
+async def test_backend_failures_leave_the_write_path_as_gateway_errors(env: Env) -> None:
+    """The write path translates backend failures at its boundary: no handler sees a
+    ``BackendError``, and a missing object there is one a handle pointed at (STALE)."""
+    import dataclasses
+
+    from gateway.backend.base import BackendError, BackendUnavailable, ObjectNotFound
+    from gateway.errors import Busy, IoError, StaleHandle
+
+    writes, export = env.gw.writes, env.export
+    assert (await env.create(b"f")).status == NfsStat3.NFS3_OK
+    e = await export.ns.getattr("f")
+    env.store.fail = lambda op, key: BackendUnavailable("slow down") if op == "put" else None
+    with pytest.raises(Busy):
+        await writes.write(export, e, 0, b"x", True)
+    env.store.fail = lambda op, key: BackendError("io") if op == "copy" else None
+    with pytest.raises(IoError):
+        await writes.rename_object(export, "f", "g")
+    env.store.fail = lambda op, key: ObjectNotFound(key) if op == "head" else None
+    with pytest.raises(StaleHandle):
+        await writes.metadata(export, dataclasses.replace(e, etag="another version"))
+    env.store.fail = None
