@@ -5,7 +5,8 @@ URLs:
 - ``s3://bucket`` or ``s3://bucket/some/prefix`` -> ``S3Store``. Query parameters set
   defaults for the keyword arguments: ``endpoint`` (alias ``endpoint_url``), ``region``,
   ``addressing`` (alias ``addressing_style``: path | virtual | auto), ``profile``,
-  ``anonymous`` (1/true). Keyword arguments win over the query.
+  ``anonymous`` (1/true). Keyword arguments win over the query. Without a region the store
+  follows the AWS chain on first use (``credentials.resolve_region``).
 - ``file:///abs/dir`` -> ``LocalStore`` (``create=1`` makes the directory).
 
 The store always works with full keys; the export prefix is ``parse_store_url(url).prefix``
@@ -18,37 +19,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from gateway.backend.base import (
-    AccessDeniedError,
-    BackendError,
-    BackendUnavailable,
-    GetResult,
-    ListPage,
-    ObjectInfo,
-    ObjectNotFound,
-    ObjectStore,
-    PreconditionFailed,
-    RequestObserver,
-)
+from gateway.backend.base import ObjectStore, RequestObserver
 
 if TYPE_CHECKING:
     from gateway.backend.config import RetryPolicy
 
-__all__ = [
-    "AccessDeniedError",
-    "BackendError",
-    "BackendUnavailable",
-    "GetResult",
-    "ListPage",
-    "ObjectInfo",
-    "ObjectNotFound",
-    "ObjectStore",
-    "PreconditionFailed",
-    "RequestObserver",
-    "StoreUrl",
-    "open_store",
-    "parse_store_url",
-]
+__all__ = ["StoreUrl", "open_store", "parse_store_url"]
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 

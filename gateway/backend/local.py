@@ -27,6 +27,10 @@ Model:
   multipart parts live in ``<root>/.nfsgw-meta/uploads/<id>/``.
 - delete of a missing key succeeds (S3 semantics); delete of ``a/`` removes the directory
   only when empty.
+
+One module although it is past 600 lines: every operation below is a blocking half over the
+one model above (paths, markers, sidecars, atomic installs) and an async half that sends it
+to the pool; split, no part would read without the others.
 """
 
 from __future__ import annotations

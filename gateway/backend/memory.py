@@ -139,10 +139,6 @@ class MemoryStore:
         self.requests.clear()
         self.log.clear()
 
-    @property
-    def total_requests(self) -> int:
-        return sum(self.requests.values())
-
     # -- request plumbing --------------------------------------------------------------------
 
     async def _begin(self, op: str, key: str) -> None:

@@ -1,0 +1,229 @@
+"""Client CPU per S3 request: the gateway's own S3 client (``S3Store``: aiohttp + our SigV4
+signer + ``s3wire.parse_list``) against botocore (a boto3 client), on a local SeaweedFS.
+
+    .venv/bin/python benchmarks/s3_client_cpu.py [--objects 300] [--size 4096] [--pages 5]
+
+Starts a throw-away SeaweedFS (``loadgen.seaweed``), uploads ``--objects`` objects of
+``--size`` bytes and a prefix with ``--pages`` pages of 1,000 keys, then measures this process's CPU
+time (``time.process_time``: user + system, all threads; the server's CPU is not counted) per
+whole-object GET and per 1,000-key ListObjectsV2 page (``Delimiter='/'``), one request at a
+time, best of ``--repeat`` passes. It also times ``parse_list`` alone on the page bodies our
+client received: the share of our LIST cost that is the XML parse.
+
+This is why the gateway has its own S3 client (STYLE.md §5). obstore and awscrt are not
+measured here: the project does not depend on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from gateway.backend import s3 as s3_module
+from gateway.backend.base import ListPage
+from gateway.backend.s3 import S3Store
+from gateway.backend.s3wire import parse_list
+from loadgen.seaweed import SeaweedServer
+
+BUCKET = "cpu-bench"
+GET_PREFIX = "get/"
+LIST_PREFIX = "list/"
+PAGE_KEYS = 1000
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Collect first, then keep the collector out of the measured window."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def best_cpu_per_op(run_pass: Callable[[], int], repeat: int) -> float:
+    """Seconds of process CPU per operation: the best of ``repeat`` passes."""
+    best = float("inf")
+    for _ in range(repeat):
+        with gc_paused():
+            t0 = time.process_time()
+            n = run_pass()
+            best = min(best, (time.process_time() - t0) / n)
+    return best
+
+
+# ------------------------------------------------------------------------------- ours
+
+
+async def upload(store: S3Store, keys: list[str], data: bytes) -> None:
+    sem = asyncio.Semaphore(32)
+
+    async def one(k: str) -> None:
+        async with sem:
+            await store.put(k, data)
+
+    await asyncio.gather(*(one(k) for k in keys))
+
+
+async def list_pages(store: S3Store) -> int:
+    token: str | None = None
+    pages = 0
+    while True:
+        page = await store.list_page(LIST_PREFIX, token=token, max_keys=PAGE_KEYS)
+        pages += 1
+        token = page.next_token
+        if token is None:
+            return pages
+
+
+async def capture_list_bodies(store: S3Store) -> list[bytes]:
+    """The page bodies our client parses, captured by wrapping the store's parse_list."""
+    bodies: list[bytes] = []
+
+    def capturing(body: bytes) -> ListPage:
+        bodies.append(body)
+        return parse_list(body)
+
+    setattr(s3_module, "parse_list", capturing)  # noqa: B010 - benchmark-only instrumentation
+    try:
+        await list_pages(store)
+    finally:
+        setattr(s3_module, "parse_list", parse_list)  # noqa: B010
+    return bodies
+
+
+async def measure_ours(
+    sw: SeaweedServer, get_keys: list[str], repeat: int
+) -> tuple[float, float, list[bytes]]:
+    store = S3Store(BUCKET, **sw.store_kwargs())
+    try:
+        for k in get_keys[:20]:  # warm-up: connections, caches, code paths
+            await store.get(k)
+        await list_pages(store)
+
+        async def get_pass() -> int:
+            for k in get_keys:
+                await store.get(k)
+            return len(get_keys)
+
+        best_get = best_list = float("inf")
+        for _ in range(repeat):
+            with gc_paused():
+                t0 = time.process_time()
+                n = await get_pass()
+                best_get = min(best_get, (time.process_time() - t0) / n)
+            with gc_paused():
+                t0 = time.process_time()
+                n = await list_pages(store)
+                best_list = min(best_list, (time.process_time() - t0) / n)
+        bodies = await capture_list_bodies(store)
+    finally:
+        await store.close()
+    return best_get, best_list, bodies
+
+
+# --------------------------------------------------------------------------- botocore
+
+
+def measure_botocore(sw: SeaweedServer, get_keys: list[str], repeat: int) -> tuple[float, float]:
+    client: Any = sw.boto3_client()
+
+    def get_pass() -> int:
+        for k in get_keys:
+            client.get_object(Bucket=BUCKET, Key=k)["Body"].read()
+        return len(get_keys)
+
+    def list_pass() -> int:
+        kw: dict[str, Any] = {
+            "Bucket": BUCKET,
+            "Prefix": LIST_PREFIX,
+            "Delimiter": "/",
+            "MaxKeys": PAGE_KEYS,
+        }
+        pages = 0
+        while True:
+            resp = client.list_objects_v2(**kw)
+            pages += 1
+            if not resp.get("IsTruncated"):
+                return pages
+            kw["ContinuationToken"] = resp["NextContinuationToken"]
+
+    for k in get_keys[:20]:
+        client.get_object(Bucket=BUCKET, Key=k)["Body"].read()
+    list_pass()
+    try:
+        return best_cpu_per_op(get_pass, repeat), best_cpu_per_op(list_pass, repeat)
+    finally:
+        client.close()
+
+
+# ------------------------------------------------------------------------------- main
+
+
+def parse_cpu_per_page(bodies: list[bytes], repeat: int) -> float:
+    def one_pass() -> int:
+        for b in bodies:
+            parse_list(b)
+        return len(bodies)
+
+    return best_cpu_per_op(one_pass, max(repeat, 5))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--objects", type=int, default=300, help="objects to GET (default 300)")
+    p.add_argument("--size", type=int, default=4096, help="bytes per object (default 4096)")
+    p.add_argument(
+        "--pages", type=int, default=5, help="1,000-key LIST pages under the prefix (default 5)"
+    )
+    p.add_argument("--repeat", type=int, default=3, help="passes; the best counts (default 3)")
+    a = p.parse_args()
+    if a.objects < 1 or a.pages < 1 or a.repeat < 1 or a.size < 0:
+        p.error("--objects, --pages and --repeat must be >= 1, --size >= 0")
+
+    get_keys = [f"{GET_PREFIX}obj-{i:06d}.jpg" for i in range(a.objects)]
+    list_keys = [f"{LIST_PREFIX}img-{i:06d}.jpg" for i in range(a.pages * PAGE_KEYS)]
+    t_start = time.monotonic()
+    with SeaweedServer() as sw:
+        sw.create_bucket(BUCKET)
+
+        async def setup() -> None:
+            store = S3Store(BUCKET, **sw.store_kwargs())
+            try:
+                await upload(store, get_keys, b"x" * a.size)
+                await upload(store, list_keys, b"")
+            finally:
+                await store.close()
+
+        asyncio.run(setup())
+        ours_get, ours_list, bodies = asyncio.run(measure_ours(sw, get_keys, a.repeat))
+        boto_get, boto_list = measure_botocore(sw, get_keys, a.repeat)
+    parse = parse_cpu_per_page(bodies, a.repeat)
+    pages = len(bodies)
+    elapsed = time.monotonic() - t_start
+
+    print(
+        f"S3 client CPU per request: SeaweedFS on 127.0.0.1, {a.objects} GETs of {a.size} B, "
+        f"{pages} LIST pages of {PAGE_KEYS:,} keys, one request at a time, best of {a.repeat}"
+    )
+    print()
+    print(f"{'client':<28}{'µs CPU / GET':>14}{'ms CPU / LIST page':>20}")
+    print(f"{'nfsgw S3Store (aiohttp)':<28}{ours_get * 1e6:>14.0f}{ours_list * 1e3:>20.2f}")
+    print(f"{'botocore (boto3 client)':<28}{boto_get * 1e6:>14.0f}{boto_list * 1e3:>20.2f}")
+    print(f"{'botocore / ours':<28}{boto_get / ours_get:>13.1f}x{boto_list / ours_list:>19.1f}x")
+    print()
+    print(
+        f"XML parse alone (s3wire.parse_list) on our {pages} page bodies: "
+        f"{parse * 1e3:.2f} ms / page = {parse / ours_list:.0%} of our LIST page CPU"
+    )
+    print(f"(total run {elapsed:.0f} s, set-up and uploads included)")
+
+
+if __name__ == "__main__":
+    main()
