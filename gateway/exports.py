@@ -1,14 +1,246 @@
-"""An export as the layers see it: its settings, object store, namespace index and key prefix,
-and a client's mount record. A plain record: no policy, no wire types.
+"""An export as the layers see it: its settings (``ExportConfig``, the ``[[export]]`` table of
+``nfsgw.toml``, each key declared once with its converter), object store, namespace index and
+key prefix, and a client's mount record.
+
+Must not: apply policy (``gateway.policy``), resolve handles or touch wire types.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import ipaddress
+import re
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
+from gateway.backend import parse_store_url
 from gateway.backend.base import ObjectStore
 from gateway.namespace import Namespace
-from gateway.ops.config import ExportConfig
+from gateway.settings import (
+    Conv,
+    Invalid,
+    InvalidItems,
+    Setting,
+    boolean,
+    choice,
+    int_in,
+    seconds,
+    setting,
+    string,
+    tname,
+)
+from nfsproto.mount3 import MNTPATHLEN
+
+Squash = Literal["root", "all", "none"]
+IpNet = ipaddress.IPv4Network | ipaddress.IPv6Network
+EVERYONE: Final[tuple[IpNet, ...]] = (
+    ipaddress.ip_network("0.0.0.0/0"),
+    ipaddress.ip_network("::/0"),
+)
+MAX_ID: Final = (1 << 32) - 1  # uid3/gid3 are uint32 (RFC 1813 §2.5)
+
+
+def export_id_for(path: str) -> int:
+    """A stable 16-bit id from the export path, so handles survive restarts and are the same
+    on every gateway of a fleet with the same exports."""
+    return zlib.crc32(path.encode()) & 0xFFFF or 1
+
+
+# -- converters of export keys (raise Invalid(message, hint)) --------------------------------
+
+
+def _export_path(v: object) -> str:
+    s = string.parse(v)
+    parts = s.split("/")[1:]
+    if (
+        not s.startswith("/")
+        or "//" in s
+        or (s != "/" and s.endswith("/"))
+        or any(p in (".", "..") for p in parts)
+        or "\0" in s
+    ):
+        raise Invalid(f"{s!r} is not a clean absolute path", 'like "/imagenet" (no trailing /)')
+    if len(s.encode()) > MNTPATHLEN:
+        raise Invalid(
+            f"export path longer than {MNTPATHLEN} bytes (MNTPATHLEN)", "use a shorter path"
+        )
+    return s
+
+
+def _backend(v: object) -> str:
+    s = string.parse(v)
+    try:
+        u = parse_store_url(s)
+    except ValueError as e:
+        raise Invalid(str(e), 'use "s3://BUCKET/PREFIX/" or "file:///DIR"') from None
+    if u.scheme == "s3" and not re.fullmatch(r"[A-Za-z0-9._-]{1,255}", u.location):
+        raise Invalid(
+            f"{u.location!r} is not a bucket name", "bucket names are letters, digits, '.', '-'"
+        )
+    if not re.match(r"^(s3://[^/]+(/.*)?|file:///.+)$", s):
+        raise Invalid(
+            f"{s!r} is not s3://BUCKET[/PREFIX] or file:///DIR", 'e.g. "s3://datasets/imagenet/"'
+        )
+    return s
+
+
+def _mode(v: object) -> int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        raise Invalid(
+            f"a mode must be a string of octal digits, not the integer {v}",
+            'quote it: "0644" (a bare 644 would be read as a decimal number)',
+        )
+    s = string.parse(v)
+    if not re.fullmatch(r"0?o?[0-7]{1,4}", s):
+        raise Invalid(
+            f"{s!r} is not an octal mode", 'e.g. "0644" for files, "0755" for directories'
+        )
+    return int(s.replace("o", ""), 8)
+
+
+def _clients(v: object) -> tuple[IpNet, ...]:
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list):
+        raise Invalid(f"must be an array of networks, not {tname(v)}", 'e.g. ["10.0.0.0/8"]')
+    if not v:
+        raise Invalid(
+            "an empty client list lets nobody mount",
+            'list networks, e.g. ["10.0.0.0/8"], or remove the key to allow every client',
+        )
+    nets: list[IpNet] = []
+    bad: list[tuple[int, Invalid]] = []
+    for i, item in enumerate(v):
+        try:
+            nets.extend(_client(item))
+        except Invalid as e:
+            bad.append((i, e))
+    if bad:
+        raise InvalidItems(bad)
+    return tuple(dict.fromkeys(nets))
+
+
+def _client(item: object) -> list[IpNet]:
+    if not isinstance(item, str):
+        raise Invalid(f"{item!r} is not a string", 'quote it: "10.0.0.0/8"')
+    s = item.strip()
+    if s in ("*", "all", "any"):
+        return list(EVERYONE)
+    try:
+        return [ipaddress.ip_network(s, strict=True)]
+    except ValueError:
+        pass
+    try:
+        loose = ipaddress.ip_network(s, strict=False)
+    except ValueError:
+        raise Invalid(
+            f"{s!r} is not an IP address or network",
+            'write an address ("10.1.2.3") or a CIDR network ("10.0.0.0/8"); host names are not '
+            "resolved",
+        ) from None
+    raise Invalid(f"{s!r} has host bits set", f'did you mean "{loose}"?')
+
+
+_SQUASH: Final = {
+    "root": "root",
+    "root_squash": "root",
+    "all": "all",
+    "all_squash": "all",
+    "none": "none",
+    "no_root_squash": "none",
+}
+_ID: Final = int_in(0, MAX_ID)
+_MODE: Final = Conv(_mode, show=lambda m: f"{m:04o}")
+
+
+def _live(conv: Conv[Any], help: str, flag: str | None = None) -> Mapping[str, Setting]:
+    """An export key a reload applies to the next call (the export keeps its caches)."""
+    return setting(conv, help, flag=flag, reload="live")
+
+
+@dataclass(frozen=True, slots=True)
+class ExportConfig:
+    """One ``[[export]]`` table (``[export_defaults]`` sets any key but path and backend).
+    A change of ``backend``, ``attr_ttl_s`` or ``immutable`` gives the export a fresh store
+    and index on reload; the other keys apply to the next call."""
+
+    path: str = field(
+        metadata=setting(
+            Conv(_export_path), 'the path clients mount, e.g. "/imagenet"', reload="rebuild"
+        )
+    )
+    backend: str = field(
+        metadata=setting(Conv(_backend), '"s3://BUCKET/PREFIX/" or "file:///DIR"', reload="rebuild")
+    )
+    read_only: bool = field(
+        default=False,
+        metadata=_live(boolean, "make every export read-only", flag="--read-only"),
+    )
+    clients: tuple[IpNet, ...] = field(
+        default=EVERYONE,
+        metadata=_live(Conv(_clients), "addresses and CIDR networks allowed to mount"),
+    )
+    squash: Squash = field(
+        default="root",
+        metadata=_live(
+            choice(
+                _SQUASH, 'use "root" (root_squash), "all" (all_squash) or "none" (no_root_squash)'
+            ),
+            "root, all or none",
+        ),
+    )
+    anonuid: int = field(default=65534, metadata=_live(_ID, "uid squashed callers get"))
+    anongid: int = field(default=65534, metadata=_live(_ID, "gid squashed callers get"))
+    uid: int = field(default=0, metadata=_live(_ID, "owner of objects without nfsgw metadata"))
+    gid: int = field(default=0, metadata=_live(_ID, "group of objects without nfsgw metadata"))
+    file_mode: int = field(default=0o644, metadata=_live(_MODE, "mode of such files"))
+    dir_mode: int = field(default=0o755, metadata=_live(_MODE, "mode of directories"))
+    attr_ttl_s: float = field(
+        default=60.0,
+        metadata=setting(
+            seconds(),
+            "seconds before a listed directory is re-listed, for every export",
+            flag="--attr-ttl",
+            reload="rebuild",
+        ),
+    )
+    immutable: bool = field(
+        default=False,
+        metadata=setting(
+            boolean,
+            "the bucket never changes under the gateway: listings never expire (every export)",
+            flag="--immutable",
+            reload="rebuild",
+        ),
+    )
+    secure_port: bool = field(
+        default=False,
+        metadata=_live(boolean, "only clients on a privileged source port (< 1024)"),
+    )
+
+    def __post_init__(self) -> None:
+        for name, conv in (("path", _export_path), ("backend", _backend)):
+            try:
+                conv(getattr(self, name))
+            except Invalid as e:
+                raise ValueError(f"export {name} {getattr(self, name)!r}: {e.message}") from None
+
+    def allows(self, host: str) -> bool:
+        return _allows(self.clients, host)
+
+
+@functools.lru_cache(maxsize=4096)
+def _allows(clients: tuple[IpNet, ...], host: str) -> bool:
+    """Whether ``host`` is in one of ``clients`` (cached: it runs on every call)."""
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return any(addr.version == net.version and addr in net for net in clients)
 
 
 @dataclass(slots=True)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from gateway.dispatch import CallContext
 from gateway.errors import AccessDenied
-from gateway.exports import Export
+from gateway.exports import Export, ExportConfig
 from gateway.namespace import Entry, EntryKind
-from gateway.ops.config import ExportConfig
 
 
 def client_denied(cfg: ExportConfig, host: str, port: int) -> str | None:

@@ -1,6 +1,7 @@
 """The export registry as handlers see it: exports by id and path, mounts, the handle codec,
-the data reader and the write manager (all built and injected by ``gateway.ops.server``), and
-``resolve``: handle -> (export, entry) with the export's client check and squash rule.
+the data reader, the write manager and the NFS settings (``NfsConfig``: READ/WRITE sizes), all
+built and injected by ``gateway.ops.server``; and ``resolve``: handle -> (export, entry) with
+the export's client check and squash rule.
 
 Must not: build any of its parts, touch sockets or encode replies.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Final
 
 import structlog
 
@@ -18,11 +20,31 @@ from gateway.errors import AccessDenied, CrossDevice, NotFound, StaleHandle
 from gateway.exports import Export, Mount
 from gateway.namespace import Entry
 from gateway.namespace.handles import HandleCodec
-from gateway.ops.config import ServerConfig
 from gateway.policy import check_client, squash
+from gateway.settings import MiB, setting, size
 from gateway.writes import WriteManager
+from nfsproto.nfs3 import MAX_DATA
 
 log = structlog.get_logger(__name__)
+
+
+IO_MULT: Final = 4096  # FSINFO rtmult/wtmult: READ/WRITE sizes are multiples of it
+MAX_IO: Final = min(MAX_DATA, 1 * MiB)  # the Linux client's largest rsize/wsize
+
+
+@dataclass(frozen=True, slots=True)
+class NfsConfig:
+    """What handlers read of the configuration: the READ/WRITE sizes offered to clients
+    (FSINFO), keys of the ``[server]`` table of ``nfsgw.toml`` (declared here)."""
+
+    rsize: int = field(
+        default=MAX_IO,
+        metadata=setting(size(IO_MULT, MAX_IO), "READ size offered to clients (FSINFO rtmax)"),
+    )
+    wsize: int = field(
+        default=MAX_IO,
+        metadata=setting(size(IO_MULT, MAX_IO), "WRITE size offered to clients (FSINFO wtmax)"),
+    )
 
 
 @dataclass(slots=True)
@@ -39,7 +61,7 @@ class GatewayStats:
 
 @dataclass(slots=True)
 class Gateway:
-    config: ServerConfig
+    config: NfsConfig
     handles: HandleCodec
     reader: ObjectReader
     # Staged writes and object mutations (gateway.writes); built by the composition root.

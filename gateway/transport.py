@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import structlog
 
-from nfsproto.rpc import RecordError, RecordReader, frame
+from gateway.settings import MiB, int_in, setting, size
+from nfsproto.rpc import DEFAULT_MAX_RECORD, RecordError, RecordReader, frame
 from nfsproto.xdr import Buffer
 
 log = structlog.get_logger(__name__)
@@ -36,10 +37,28 @@ class Peer:
 CallHandler = Callable[[Buffer, Peer], Awaitable[list[Buffer] | None]]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class TransportLimits:
-    max_record: int = 4 * 1024 * 1024 + 64 * 1024
-    max_inflight: int = 64
+    """Per-connection bounds; ``max_record`` and ``max_inflight`` are keys of the ``[server]``
+    table of ``nfsgw.toml`` (declared here, ``gateway.settings``)."""
+
+    max_record: int = field(
+        default=DEFAULT_MAX_RECORD,
+        metadata=setting(
+            size(64 << 10, 64 * MiB),
+            "largest RPC record; larger ones close the connection",
+            flag="--max-record",
+        ),
+    )
+    max_inflight: int = field(
+        default=64,
+        metadata=setting(
+            int_in(1, 4096),
+            "calls in flight per connection before it stops reading",
+            key="max_inflight_per_conn",
+            flag="--max-inflight",
+        ),
+    )
     stall_timeout_s: float = 60.0
 
 

@@ -1,9 +1,19 @@
-"""The S3 backend's retry and timeout settings."""
+"""The S3 backend's settings, the ``[s3]`` table of ``nfsgw.toml``: where and how to reach
+the store (``S3Config``) and its retries and timeouts (``RetryPolicy``, inlined in ``[s3]``).
+Each key is declared once, here (``gateway.settings``).
+
+Must not: open connections or read credentials (``credentials.py``, off the loop).
+"""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gateway.settings import INLINE, boolean, choice, int_in, optional_string, seconds, setting, url
+
+AddressingStyle = Literal["auto", "path", "virtual"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,9 +22,14 @@ class RetryPolicy:
     including backoff sleeps; each attempt is bounded by ``request_timeout_s`` (connect
     included) and ``connect_timeout_s`` for the TCP/TLS connect alone."""
 
-    max_attempts: int = 5
-    deadline_s: float = 30.0
-    request_timeout_s: float = 20.0
+    max_attempts: int = field(
+        default=5,
+        metadata=setting(int_in(1, 100), "retries of 5xx, throttling and connection errors"),
+    )
+    deadline_s: float = field(
+        default=30.0, metadata=setting(seconds(0.001), "one call including retries")
+    )
+    request_timeout_s: float = field(default=20.0, metadata=setting(seconds(0.001), "one attempt"))
     connect_timeout_s: float = 3.0
     base_delay_s: float = 0.05
     max_delay_s: float = 2.0
@@ -22,3 +37,49 @@ class RetryPolicy:
     def backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1)))."""
         return random.uniform(0.0, min(self.max_delay_s, self.base_delay_s * (1 << (attempt - 1))))
+
+
+@dataclass(frozen=True, slots=True)
+class S3Config:
+    """``[s3]``: the keyword arguments ``open_store`` gets for every ``s3://`` export.
+    ``region`` None follows the AWS chain (``credentials.resolve_region``)."""
+
+    endpoint_url: str | None = field(
+        default=None,
+        metadata=setting(
+            url, "S3 endpoint", flag="--s3-endpoint-url", default_text="AWS for the region"
+        ),
+    )
+    region: str | None = field(
+        default=None,
+        metadata=setting(
+            optional_string,
+            "S3 region used for signing",
+            flag="--s3-region",
+            default_text="AWS_REGION, AWS_DEFAULT_REGION, else the profile's region",
+        ),
+    )
+    addressing_style: AddressingStyle = field(
+        default="auto",
+        metadata=setting(
+            choice(("auto", "path", "virtual")),
+            "bucket addressing; auto: path with an endpoint URL",
+            flag="--s3-addressing-style",
+        ),
+    )
+    profile: str | None = field(
+        default=None,
+        metadata=setting(
+            optional_string, "AWS shared-config profile for credentials", flag="--s3-profile"
+        ),
+    )
+    anonymous: bool = field(
+        default=False, metadata=setting(boolean, "unsigned requests (public buckets)")
+    )
+    max_connections: int = field(
+        default=64,
+        metadata=setting(
+            int_in(1, 4096), "concurrent backend connections", flag="--s3-max-connections"
+        ),
+    )
+    retry: RetryPolicy = field(default_factory=RetryPolicy, metadata=INLINE)

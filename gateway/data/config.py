@@ -1,20 +1,38 @@
-"""The data layer's settings: read coalescing, read-ahead and fetch bounds."""
+"""The data layer's settings: read coalescing, read-ahead and fetch bounds. The first three
+are keys of the ``[cache]`` table of ``nfsgw.toml`` (declared here, ``gateway.settings``);
+the rest are tunables no file sets.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from gateway.settings import setting, size
 
 MiB = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class DataConfig:
-    small_file_max: int = 4 * MiB
+    small_file_max: int = field(
+        default=4 * MiB,
+        metadata=setting(
+            size(0, 1 << 30), "objects up to this size are fetched whole", flag="--small-file-max"
+        ),
+    )
     """Objects up to this size are fetched whole on the first READ and cached as one entry."""
-    block_size: int = 1 * MiB
+    block_size: int = field(
+        default=1 * MiB,
+        metadata=setting(
+            size(4096, 256 * MiB), "read block of larger objects", flag="--block-size"
+        ),
+    )
     """Cache block of larger objects (see the module docstring for the choice)."""
     initial_readahead: int = 1 * MiB
-    max_readahead: int = 64 * MiB
+    max_readahead: int = field(
+        default=32 * MiB,
+        metadata=setting(size(0, 1 << 34), "largest read-ahead window", flag="--max-readahead"),
+    )
     """Per stream; also capped at half the cache's read-ahead share."""
     max_request_bytes: int = 8 * MiB
     """Largest ranged GET read-ahead coalesces adjacent blocks into (at least one block)."""

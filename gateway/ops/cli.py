@@ -28,174 +28,53 @@ from pathlib import Path
 from typing import Any
 
 from gateway.ops import logs
-from gateway.ops.config import (
-    DEFAULT_ADMIN_LISTEN,
-    ConfigError,
+from gateway.ops.config import DEFAULT_ADMIN_LISTEN, Flag, ServerConfig, flags, split_listen
+from gateway.ops.configfile import (
     ConfigErrors,
     Overrides,
-    ServerConfig,
     check_config,
-    default_cache_memory,
     find_config_path,
     load_config,
-    parse_size,
-    split_listen,
 )
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ConfigError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-# flag dest -> (table, key)
-_SECTION_FLAGS: dict[str, tuple[str, str]] = {
-    "listen": ("server", "listen"),
-    "port": ("server", "port"),
-    "portmap_port": ("server", "portmap_port"),
-    "state_dir": ("server", "state_dir"),
-    "cache_dir": ("server", "cache_dir"),
-    "max_inflight": ("server", "max_inflight_per_conn"),
-    "max_record": ("server", "max_record"),
-    "max_connections": ("server", "max_connections"),
-    "drain_timeout": ("server", "drain_timeout_s"),
-    "s3_endpoint_url": ("s3", "endpoint_url"),
-    "s3_region": ("s3", "region"),
-    "s3_addressing_style": ("s3", "addressing_style"),
-    "s3_profile": ("s3", "profile"),
-    "s3_max_connections": ("s3", "max_connections"),
-    "cache_memory": ("cache", "memory"),
-    "metadata_memory": ("cache", "metadata_memory"),
-    "small_file_max": ("cache", "small_file_max"),
-    "block_size": ("cache", "block_size"),
-    "max_readahead": ("cache", "max_readahead"),
-    "admin_listen": ("admin", "listen"),
-    "admin_token_file": ("admin", "token_file"),
-    "log_level": ("log", "level"),
-    "log_format": ("log", "format"),
-}
-_PATH_FLAGS = frozenset({"state_dir", "cache_dir", "admin_token_file"})
-# store_false-like switches: dest -> (table, key, value when given)
-_SWITCHES: dict[str, tuple[str, str, bool]] = {
-    "no_prefetch": ("cache", "prefetch", False),
-    "no_coalesce": ("cache", "coalesce", False),
-    "no_uvloop": ("server", "uvloop", False),
-}
+def _dest(f: Flag) -> str:
+    return f.name.removeprefix("--").replace("-", "_")
 
 
 def _add_config_flags(s: argparse.ArgumentParser) -> None:
-    """Flags shared by ``serve`` and ``check-config``. Defaults are None: only flags given on
-    the command line override the file; the defaults shown are the file's."""
+    """Flags shared by ``serve`` and ``check-config``, one per setting that declares a flag
+    (``gateway.ops.config.flags``). Defaults are None: only flags given on the command line
+    override the file; the defaults shown are the file's."""
     s.add_argument(
         "--config",
         metavar="FILE",
         help="TOML configuration (default: $NFSGW_CONFIG, else /etc/nfsgw/nfsgw.toml if it exists)",
     )
-    g = s.add_argument_group("server")
-    g.add_argument("--listen", help="address to listen on (default 127.0.0.1)")
-    g.add_argument(
-        "--port", type=int, help="TCP port for NFS, MOUNT and PORTMAP (default 2049; 0 = any)"
-    )
-    g.add_argument(
-        "--portmap-port",
-        type=int,
-        help="also answer PORTMAP on this port (111); if a system rpcbind owns it, register "
-        "our programs there instead",
-    )
-    g.add_argument(
-        "--state-dir", help="handle secret and long-handle map live here (default /var/lib/nfsgw)"
-    )
-    g.add_argument("--cache-dir", help="local cache directory (e.g. /var/cache/nfsgw)")
-    g.add_argument(
-        "--max-inflight", type=int, help="calls in flight per connection before it stops reading"
-    )
-    g.add_argument(
-        "--max-record", type=_size, help="largest RPC record; larger ones close the connection"
-    )
-    g.add_argument("--max-connections", type=int, help="client connections (default 1024)")
-    g.add_argument(
-        "--drain-timeout",
-        type=float,
-        help="seconds in-flight calls get to finish at shutdown (default 10)",
-    )
-    g.add_argument("--no-uvloop", action="store_true", default=None, help="use the asyncio loop")
-    e = s.add_argument_group("exports")
-    e.add_argument(
-        "--export",
-        action="append",
-        metavar="/PATH=URL",
-        help="export PATH backed by s3://BUCKET/PREFIX or file:///DIR; repeatable; replaces a "
-        "file export with the same path",
-    )
-    e.add_argument(
-        "--read-only", action="store_true", default=None, help="make every export read-only"
-    )
-    e.add_argument(
-        "--attr-ttl",
-        type=float,
-        help="seconds before a listed directory is re-listed, for every export (default 60)",
-    )
-    e.add_argument(
-        "--immutable",
-        action="store_true",
-        default=None,
-        help="the bucket never changes under the gateway: listings never expire (every export)",
-    )
-    b = s.add_argument_group("S3")
-    b.add_argument("--s3-endpoint-url", help="S3 endpoint (default: AWS for the region)")
-    b.add_argument("--s3-region", help="S3 region used for signing (default us-east-1)")
-    b.add_argument(
-        "--s3-addressing-style",
-        choices=["auto", "path", "virtual"],
-        help="bucket addressing (auto: path with an endpoint URL)",
-    )
-    b.add_argument("--s3-profile", help="AWS shared-config profile for credentials")
-    b.add_argument("--s3-max-connections", type=int, help="concurrent backend connections")
-    c = s.add_argument_group("caches")
-    c.add_argument(
-        "--cache-memory",
-        type=_size,
-        help=f"data cache budget, e.g. 8G (default: a quarter of RAM, here "
-        f"{default_cache_memory() >> 20} MiB)",
-    )
-    c.add_argument(
-        "--metadata-memory", type=_size, help="directory index budget across exports (1G)"
-    )
-    c.add_argument(
-        "--small-file-max", type=_size, help="objects up to this size are fetched whole (4M)"
-    )
-    c.add_argument("--block-size", type=_size, help="read block of larger objects (1M)")
-    c.add_argument("--max-readahead", type=_size, help="largest read-ahead window (32M)")
-    c.add_argument(
-        "--no-prefetch",
-        action="store_true",
-        default=None,
-        help="disable directory metadata prefetch (for comparisons)",
-    )
-    c.add_argument(
-        "--no-coalesce",
-        action="store_true",
-        default=None,
-        help="disable whole-object reads and read-ahead (for comparisons)",
-    )
-    a = s.add_argument_group("admin API and logs")
-    a.add_argument(
-        "--admin-listen",
-        "--metrics-listen",
-        dest="admin_listen",
-        metavar="HOST:PORT",
-        help='serve /metrics, /healthz, /readyz and /v1/* here, e.g. 127.0.0.1:9426 ("" = '
-        "off; default: on at 127.0.0.1:9426 with a config file, off without)",
-    )
-    a.add_argument("--admin-token-file", help="require this bearer token on the admin API")
-    a.add_argument("--log-level", choices=logs.LEVELS, help="default info")
-    a.add_argument(
-        "--log-format",
-        choices=["auto", "json", "console"],
-        help="auto (default): console on a TTY, JSON otherwise",
-    )
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in flags():
+        g = groups.get(f.group)
+        if g is None:
+            g = groups[f.group] = s.add_argument_group(f.group)
+            if f.table == "export":
+                g.add_argument(
+                    "--export",
+                    action="append",
+                    metavar="/PATH=URL",
+                    help="export PATH backed by s3://BUCKET/PREFIX or file:///DIR; repeatable; "
+                    "replaces a file export with the same path",
+                )
+        conv = f.entry.setting.conv
+        if f.switch:
+            g.add_argument(f.name, action="store_true", default=None, help=f.help())
+        else:
+            g.add_argument(
+                f.name,
+                type=conv.cli,
+                choices=conv.choices,
+                metavar=f.entry.setting.metavar,
+                help=f.help(),
+            )
 
 
 def _add_client_flags(s: argparse.ArgumentParser) -> None:
@@ -248,22 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def overrides_from_args(a: argparse.Namespace) -> Overrides:
     sections: dict[tuple[str, str], tuple[object, str]] = {}
-    for dest, section_key in _SECTION_FLAGS.items():
-        v = getattr(a, dest, None)
-        if v is not None:
-            if dest in _PATH_FLAGS and v:
-                v = os.path.abspath(v)  # relative to where the command runs
-            sections[section_key] = (v, "--" + dest.replace("_", "-"))
-    for dest, (table, key, value) in _SWITCHES.items():
-        if getattr(a, dest, None):
-            sections[(table, key)] = (value, "--" + dest.replace("_", "-"))
     every: dict[str, tuple[object, str]] = {}
-    if a.read_only:
-        every["read_only"] = (True, "--read-only")
-    if a.immutable:
-        every["immutable"] = (True, "--immutable")
-    if a.attr_ttl is not None:
-        every["attr_ttl_s"] = (a.attr_ttl, "--attr-ttl")
+    for f in flags():
+        v = getattr(a, _dest(f), None)
+        if v is None or (f.switch and not v):
+            continue
+        if f.switch:
+            v = not f.entry.default()
+        if f.table == "export":
+            every[f.entry.key] = (v, f.name)
+        else:
+            sections[(f.table, f.entry.key)] = (v, f.name)
     return Overrides(sections, tuple(a.export or ()), every)
 
 
@@ -317,8 +191,8 @@ def _check(a: argparse.Namespace) -> int:
         src = str(path) if path else "command line"
         print(
             f"{src}: OK: {len(c.exports)} export{'s' if len(c.exports) != 1 else ''} "
-            f"({', '.join(e.path for e in c.exports)}) on {c.listen}:{c.port}; admin API "
-            f"{c.admin_listen or 'off'}; {len(r.warnings)} warning"
+            f"({', '.join(e.path for e in c.exports)}) on {c.server.listen}:{c.server.port}; "
+            f"admin API {c.admin.listen or 'off'}; {len(r.warnings)} warning"
             f"{'s' if len(r.warnings) != 1 else ''}"
         )
     return 0
@@ -340,7 +214,7 @@ def _serve_main(a: argparse.Namespace) -> int:
             structlog.get_logger("gateway.ops.config").warning(
                 "config_warning", where=w.where, location=w.location, message=w.message
             )
-    if config.uvloop:
+    if config.server.uvloop:
         try:
             import uvloop
 

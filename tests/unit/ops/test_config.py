@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import re
 from pathlib import Path
 
 import pytest
 
+from gateway.exports import EVERYONE, ExportConfig, export_id_for
 from gateway.ops import cli
-from gateway.ops.config import (
-    EVERYONE,
+from gateway.ops.config import SECTIONS
+from gateway.ops.configfile import (
     ConfigErrors,
     ConfigIssue,
     Overrides,
     check_config,
-    export_id_for,
     load_config,
 )
+from gateway.settings import entries
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -56,8 +58,9 @@ def test_issue_shape_is_accepted(tmp_path: Path) -> None:
     path = write(tmp_path, ISSUE_SHAPE)
     cfg, warnings = load_config(path)
     assert warnings == []
-    assert (cfg.listen, cfg.port, cfg.state_dir) == ("0.0.0.0", 2049, Path("/var/lib/nfsgw"))
-    assert cfg.admin.listen == "127.0.0.1:9426" and cfg.admin_listen == "127.0.0.1:9426"
+    srv = cfg.server
+    assert (srv.listen, srv.port, srv.state_dir) == ("0.0.0.0", 2049, Path("/var/lib/nfsgw"))
+    assert cfg.admin.listen == "127.0.0.1:9426"
     assert cfg.s3.endpoint_url == "https://s3.example.internal" and cfg.s3.region == "us-east-1"
     (e,) = cfg.exports
     assert (e.path, e.backend, e.read_only, e.squash) == (
@@ -79,7 +82,7 @@ def test_example_config_in_systemd_dir_is_valid() -> None:
     assert (scratch.file_mode, scratch.dir_mode) == (0o644, 0o755) and scratch.secure_port
     imagenet = r.config.exports[0]
     assert imagenet.immutable and imagenet.attr_ttl_s == 60  # from [export_defaults]
-    assert r.config.cache_memory == 8 << 30 and r.config.metadata_memory == 1 << 30
+    assert r.config.cache.memory == 8 << 30 and r.config.cache.metadata_memory == 1 << 30
 
 
 def test_every_error_has_its_line_and_a_fix(tmp_path: Path) -> None:
@@ -194,7 +197,7 @@ def test_cli_flags_override_the_file(tmp_path: Path) -> None:
         ]
     )
     cfg = cli.config_from_args(a)
-    assert cfg.port == 3049 and cfg.listen == "0.0.0.0"
+    assert cfg.server.port == 3049 and cfg.server.listen == "0.0.0.0"
     assert [(e.path, e.backend) for e in cfg.exports] == [
         ("/imagenet", "s3://other/in/"),
         ("/extra", "file:///srv/extra"),
@@ -202,8 +205,10 @@ def test_cli_flags_override_the_file(tmp_path: Path) -> None:
     # a replaced export takes only what the flag says: the file's clients are gone
     assert cfg.exports[0].clients == EVERYONE
     assert all(e.attr_ttl_s == 5.0 for e in cfg.exports)
-    assert cfg.admin_listen is None and cfg.cache_memory == 1 << 30 and not cfg.prefetch
-    assert cfg.state_dir.is_absolute() and cfg.state_dir.parts[-2:] == ("rel", "state")
+    assert cfg.admin.listen is None and cfg.cache.memory == 1 << 30
+    assert not cfg.cache.namespace.prefetch
+    state_dir = cfg.server.state_dir
+    assert state_dir.is_absolute() and state_dir.parts[-2:] == ("rel", "state")
 
 
 def test_flag_errors_name_the_flag(tmp_path: Path) -> None:
@@ -331,9 +336,9 @@ def test_admin_token_file(tmp_path: Path) -> None:
 def test_admin_is_on_by_default_with_a_file_only(tmp_path: Path) -> None:
     text = '[[export]]\npath = "/d"\nbackend = "s3://b/"\nclients = ["10.0.0.0/8"]\n'
     cfg, _ = load_config(write(tmp_path, text))
-    assert cfg.admin_listen == "127.0.0.1:9426"
+    assert cfg.admin.listen == "127.0.0.1:9426"
     cfg, _ = load_config(None, Overrides(exports=("/d=s3://b/",)))
-    assert cfg.admin_listen is None
+    assert cfg.admin.listen is None
 
 
 def test_load_config_raises_with_every_error(tmp_path: Path) -> None:
@@ -370,11 +375,29 @@ rename_max_entries = 50
 """
     )
     cfg, _ = load_config(write(tmp_path, text))
-    assert cfg.spool_dir == Path("/srv/spool") and cfg.spool_bytes == 1 << 30
-    assert (cfg.write_part_size, cfg.write_flush_idle_s, cfg.rename_max_entries) == (
+    w = cfg.writes
+    assert w.spool_dir == Path("/srv/spool") and w.spool_bytes == 1 << 30
+    assert (w.part_size, w.flush_idle_s, w.rename_max_entries) == (
         16 << 20,
         5.0,
         50,
     )
     r = check_config(write(tmp_path, ISSUE_SHAPE + '[writes]\npart_size = "1M"\n'))
     assert "out of range" in errors(r.issues)["writes.part_size"].message
+
+
+def test_docs_reference_lists_every_declared_key() -> None:
+    """The configuration reference in docs/operations.md has a row for every key the
+    settings classes declare, and no other."""
+    text = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    ref = text.split("## Configuration reference", 1)[1].split("\n## ", 1)[0]
+    documented: dict[str, set[str]] = {}
+    for part in re.split(r"^### ", ref, flags=re.M)[1:]:
+        title, _, body = part.partition("\n")
+        tables = re.findall(r"`\[+([a-z0-9_]+)\]+`", title)
+        if tables:
+            rows = re.findall(r"^\| (.+?) \|", body, flags=re.M)
+            documented[tables[0]] = {k for row in rows for k in re.findall(r"`([a-z0-9_]+)`", row)}
+    declared = {table: set(entries(cls)) for table, cls in SECTIONS.items()}
+    declared["export_defaults"] = set(entries(ExportConfig))
+    assert documented == declared
