@@ -12,11 +12,12 @@ import contextlib
 import os
 import shlex
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loadgen.progress import say
+from loadgen.runner import exit_status, report, run
 
 if TYPE_CHECKING:
     from loadgen.report import RunReport
@@ -214,14 +215,10 @@ def _spec(a: argparse.Namespace, target: str) -> WorkloadSpec:
     )
 
 
-def _finish(run: RunReport, a: argparse.Namespace) -> int:
-    from loadgen.bench import write_outputs
-    from loadgen.report import to_markdown
-
-    paths = write_outputs(run, a.out, plots=not a.no_plots)
-    print(to_markdown(run))
+def _finish(result: RunReport, a: argparse.Namespace) -> int:
+    paths = report(result, a.out, plots=not a.no_plots)
     say("wrote " + ", ".join(str(p) for p in paths))
-    return 1 if any(t.error for t in run.targets) else 0
+    return exit_status(result)
 
 
 async def _make_dataset(a: argparse.Namespace) -> int:
@@ -359,16 +356,6 @@ async def _proxy(a: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     return 0
-
-
-def run(coro: Coroutine[Any, Any, int]) -> int:
-    """Run on uvloop when it is installed (the delay proxy and the client cost less CPU, which
-    the server under test shares on a small machine)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - a dependency on Linux
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadgen.bench import compare, parse_targets, write_outputs
+from loadgen.bench import compare, parse_targets
 from loadgen.dataset import DatasetSpec, make_dataset, parse_per_class
 from loadgen.progress import fmt_bytes, say
-from loadgen.report import to_markdown
+from loadgen.runner import exit_status, report, run
 from loadgen.seaweed import SeaweedError, SeaweedServer
 from loadgen.workload import WorkloadSpec
 
@@ -39,8 +39,6 @@ PREFIX = "train"
 def run_demo(a: argparse.Namespace) -> int:
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    from loadgen.cli import run
-
     return run(_demo(a, out))
 
 
@@ -103,7 +101,7 @@ async def _demo(a: argparse.Namespace, out: Path) -> int:
             workers=a.workers,
             seed=a.seed,
         )
-        run = await compare(
+        result = await compare(
             spec,
             s3_url=s3_url,
             s3_endpoint_url=sw.endpoint_url,
@@ -122,16 +120,15 @@ async def _demo(a: argparse.Namespace, out: Path) -> int:
             shutil.copy(p, logs / p.name)
 
         say("[4/4] report")
-        paths = write_outputs(run, out)
         print()
-        print(to_markdown(run), flush=True)
+        paths = report(result, out)
         say("files: " + ", ".join(str(p) for p in paths))
         pngs = [p for p in paths if p.suffix == ".png"]
         if pngs:
             say("plots: " + "  ".join(str(p) for p in pngs))
         say(f"gateway logs: {logs}")
         say(f"demo finished in {time.monotonic() - t_start:.0f} s")
-        return 1 if any(t.error for t in run.targets) else 0
+        return exit_status(result)
     except asyncio.CancelledError:
         say("demo: interrupted; stopping everything it started")
         raise

@@ -4,8 +4,7 @@ and turning two snapshots into per-epoch numbers.
 Owns: which series mean what for the report: ``nfsgw_s3_requests_total{op}`` (backend
 requests by operation), ``nfsgw_data_cache_{hits,misses}_total`` (data cache), and
 ``nfsgw_metadata_cache_{hits,negative_hits}_total``, ``nfsgw_metadata_{targeted_lookups,
-heads}_total`` (metadata index); the earlier ``nfsgw_data_*``/``nfsgw_namespace_*`` names
-are read too.
+heads}_total`` (metadata index), as ``gateway/ops/metrics.py`` declares them.
 Must not: depend on being run against nfsgw (a target without metrics reports none).
 """
 
@@ -26,6 +25,7 @@ __all__ = [
     "fetch_json",
     "delta",
     "backend_ops",
+    "rpc_ops",
     "cache_ratios",
 ]
 
@@ -103,25 +103,17 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def _first(d: Samples, *names: str) -> float:
-    """The first of ``names`` the page has (metric names of different nfsgw versions)."""
-    for n in names:
-        if n in d:
-            return d[n]
-    return 0.0
-
-
 def cache_ratios(d: Samples) -> dict[str, float | None]:
     """``data``: READ block lookups served from memory / all lookups. ``metadata``: name
     resolutions answered from the index / all resolutions (those that needed a targeted
     LIST or a HEAD count as misses; a first touch that waited for a directory listing
     counts as a hit, since the listing answers the whole directory)."""
-    hits = _first(d, "nfsgw_data_cache_hits_total", "nfsgw_data_hits_total")
-    misses = _first(d, "nfsgw_data_cache_misses_total", "nfsgw_data_misses_total")
-    ns_hit = _first(d, "nfsgw_metadata_cache_hits_total", "nfsgw_namespace_hits_total") + _first(
-        d, "nfsgw_metadata_cache_negative_hits_total", "nfsgw_namespace_negative_hits_total"
+    hits = d.get("nfsgw_data_cache_hits_total", 0.0)
+    misses = d.get("nfsgw_data_cache_misses_total", 0.0)
+    ns_hit = d.get("nfsgw_metadata_cache_hits_total", 0.0) + d.get(
+        "nfsgw_metadata_cache_negative_hits_total", 0.0
     )
-    ns_miss = _first(
-        d, "nfsgw_metadata_targeted_lookups_total", "nfsgw_namespace_targeted_lookups_total"
-    ) + _first(d, "nfsgw_metadata_heads_total", "nfsgw_namespace_heads_total")
+    ns_miss = d.get("nfsgw_metadata_targeted_lookups_total", 0.0) + d.get(
+        "nfsgw_metadata_heads_total", 0.0
+    )
     return {"data": _ratio(hits, hits + misses), "metadata": _ratio(ns_hit, ns_hit + ns_miss)}

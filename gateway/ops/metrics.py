@@ -1,26 +1,32 @@
 """Prometheus metrics, all prefixed ``nfsgw_`` with units in the name (STYLE §6).
 
-Owns: every metric the gateway exports, in one registry per server instance (tests run several
-servers in one process), and their names (``docs/operations.md`` lists them). Labels never hold
-keys, paths or client addresses. Backend requests are counted per operation and READs at offset
-0 as files opened, so "backend requests per file opened" reads off directly.
+Owns: every metric the gateway exports, declared once in ``METRICS`` (name, kind, help, labels,
+source), one registry per server instance (tests run several servers in one process), and the
+series created at start-up. ``docs/operations.md`` lists the same names (a test checks it).
+Labels never hold keys, paths or client addresses. Backend requests are counted per operation
+and READs at offset 0 as files opened, so "backend requests per file opened" reads off directly.
 
 The hot path pays plain integer increments, never a lock: RPC and backend latencies go into
 ``_Hist`` (a list of bucket counts per label set, found with one ``bisect``); the layers below
 keep plain stats objects (``ConnectionStats``, ``GatewayStats``, ``DataStats``,
-``NamespaceStats``); a collector turns all of them into metric families at scrape time.
-Stats fields without an explicit name below are still exported, as ``nfsgw_<layer>_<field>``
-(names ending in ``bytes``/``entries``/``inflight``... are gauges), so a new counter in a layer
-shows up without touching this file.
+``NamespaceStats``, ``WriteStats``, ``WarmupStats``, and ``ServerStats`` filled by the server),
+registered here under a layer name with ``add_stats``; a collector turns them into metric
+families at scrape time, from the table. A stats object whose fields do not match the table's
+fields for its layer is refused at registration: a new field is exported only once it has a
+row (and so a name, a kind and a help text).
+
+Must not: import the server, the admin API or any layer's stats class (they are read by field
+name), or put paths, keys or client addresses into labels.
 """
 
 from __future__ import annotations
 
 import bisect
+import enum
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import fields, is_dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -33,6 +39,21 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from gateway.dispatch import CallObserver
+
+__all__ = [
+    "LATENCY_BUCKETS",
+    "METRICS",
+    "PREPARED_BACKEND_OPS",
+    "PREPARED_PROCS",
+    "Field",
+    "FieldSum",
+    "Hook",
+    "Kind",
+    "MetricDef",
+    "Metrics",
+    "PerLabel",
+    "ServerStats",
+]
 
 # 50 µs .. 5 s: cached GETATTRs are tens of µs, cold backend fetches tens of ms.
 LATENCY_BUCKETS = (
@@ -54,6 +75,326 @@ LATENCY_BUCKETS = (
     5.0,
 )
 _LE = [repr(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+
+# Series created at start-up (rates start from 0 on dashboards): the read path.
+PREPARED_PROCS = (
+    "MOUNT3.MNT",
+    *(
+        f"NFS3.{p}"
+        for p in (
+            "GETATTR",
+            "LOOKUP",
+            "ACCESS",
+            "READLINK",
+            "READ",
+            "READDIR",
+            "READDIRPLUS",
+            "FSSTAT",
+            "FSINFO",
+            "PATHCONF",
+        )
+    ),
+)
+PREPARED_BACKEND_OPS = ("list", "get", "head")
+
+
+# ================================================================================ the table
+
+
+class Kind(enum.Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One field of a layer's stats objects, summed over them (several namespaces)."""
+
+    layer: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSum:
+    """The sum of several fields of one layer."""
+
+    layer: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PerLabel:
+    """One series per value of the metric's single label, each from one field of one layer."""
+
+    layer: str
+    series: tuple[tuple[str, str], ...]  # (label value, field)
+
+
+class Hook(enum.Enum):
+    """Values ``Metrics`` records itself, from the dispatcher and the stores."""
+
+    RPC = "CallObserver.call: (proc, status) -> latency histogram"
+    RPC_ERRORS = "CallObserver.rpc_error: kind -> count"
+    BACKEND = "backend RequestObserver: (op, outcome) -> latency histogram"
+    START_TIME = "the Metrics object's creation time"
+
+
+Source = Field | FieldSum | PerLabel | Hook
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDef:
+    """One exported family. Counters are named with their ``_total`` suffix."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...]
+    source: Source
+
+
+@dataclass(slots=True)
+class ServerStats:
+    """Readings of the process itself; the server builds one at scrape time."""
+
+    exports: int = 0
+    connections_refused: int = 0
+    reloads_ok: int = 0
+    reloads_error: int = 0
+    data_cache_budget_bytes: int = 0
+    metadata_cache_budget_bytes: int = 0
+
+
+COUNTER, GAUGE, HISTOGRAM = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
+_M = MetricDef
+_F = Field
+
+METRICS: tuple[MetricDef, ...] = (
+    # -- RPC: the dispatcher ------------------------------------------------------------------
+    _M("nfsgw_rpc_requests_total", COUNTER, "RPC calls by procedure and status",
+       ("proc", "status"), Hook.RPC),
+    _M("nfsgw_rpc_duration_seconds", HISTOGRAM,
+       "RPC call latency by procedure and status (decode to reply encoded)",
+       ("proc", "status"), Hook.RPC),
+    _M("nfsgw_rpc_errors_total", COUNTER, "RPC-level errors (no NFS status) by kind",
+       ("kind",), Hook.RPC_ERRORS),
+    # -- backend requests: every store's observer ---------------------------------------------
+    _M("nfsgw_s3_requests_total", COUNTER, "Backend requests by operation and outcome",
+       ("op", "outcome"), Hook.BACKEND),
+    _M("nfsgw_s3_request_duration_seconds", HISTOGRAM,
+       "Backend request latency by operation and outcome", ("op", "outcome"), Hook.BACKEND),
+    # -- connections: transport.ConnectionStats ----------------------------------------------
+    _M("nfsgw_connections", GAUGE, "Client TCP connections open", (), _F("conn", "open")),
+    _M("nfsgw_connections_opened_total", COUNTER, "Client TCP connections accepted", (),
+       _F("conn", "opened")),
+    _M("nfsgw_connections_closed_total", COUNTER, "Client TCP connections closed", (),
+       _F("conn", "closed")),
+    _M("nfsgw_rpc_inflight", GAUGE, "RPC calls being served", (), _F("conn", "inflight")),
+    _M("nfsgw_received_bytes_total", COUNTER, "Bytes received from NFS clients", (),
+       _F("conn", "bytes_in")),
+    _M("nfsgw_sent_bytes_total", COUNTER, "Bytes sent to NFS clients", (),
+       _F("conn", "bytes_out")),
+    _M("nfsgw_records_rejected_total", COUNTER,
+       "RPC records over max_record (their connection was closed)", (),
+       _F("conn", "oversized")),
+    # -- exports and access: registry.GatewayStats --------------------------------------------
+    _M("nfsgw_files_opened_total", COUNTER,
+       "READs at offset 0: files opened and read (NFSv3 has no OPEN)", (),
+       _F("gateway", "files_opened")),
+    _M("nfsgw_clients_denied_total", COUNTER,
+       "NFS calls refused by an export's clients or secure_port rule (NFS3ERR_ACCES)", (),
+       _F("gateway", "clients_denied")),
+    _M("nfsgw_mounts_denied_total", COUNTER,
+       "MNT calls refused by an export's clients or secure_port rule (MNT3ERR_ACCES)", (),
+       _F("gateway", "mounts_denied")),
+    _M("nfsgw_permission_denied_total", COUNTER,
+       "LOOKUP/READDIR/READ refused by mode bits for the squashed identity", (),
+       _F("gateway", "permission_denied")),
+    # -- data cache and reads: data.DataStats -------------------------------------------------
+    _M("nfsgw_data_cache_hits_total", COUNTER, "READ block lookups served from memory", (),
+       _F("data", "hits")),
+    _M("nfsgw_data_cache_misses_total", COUNTER,
+       "READ block lookups that waited for a backend fetch", (), _F("data", "misses")),
+    _M("nfsgw_data_cache_joined_total", COUNTER, "Misses that joined a fetch already in flight",
+       (), _F("data", "joined")),
+    _M("nfsgw_data_cache_hit_bytes_total", COUNTER, "READ payload bytes served from memory", (),
+       _F("data", "bytes_hit")),
+    _M("nfsgw_backend_received_bytes_total", COUNTER, "Object bytes received from the backend",
+       (), _F("data", "bytes_fetched")),
+    _M("nfsgw_data_gets_total", COUNTER, "Backend GETs issued by the data layer (demand and "
+       "read-ahead)", (), _F("data", "gets")),
+    _M("nfsgw_data_readahead_blocks_total", COUNTER,
+       "Blocks requested by read-ahead (data prefetch)", (), _F("data", "readahead_blocks")),
+    _M("nfsgw_data_readahead_unused_blocks_total", COUNTER,
+       "Read-ahead blocks dropped before any READ used them", (),
+       _F("data", "readahead_unused")),
+    _M("nfsgw_data_cache_evictions_total", COUNTER,
+       "Blocks dropped for space (including admission refusals)", (), _F("data", "evictions")),
+    _M("nfsgw_data_rejected_total", COUNTER,
+       "Evictions that were admission refusals (a new block lost to a more frequent one)", (),
+       _F("data", "rejected")),
+    _M("nfsgw_data_uncacheable_total", COUNTER,
+       "Fetched blocks larger than the whole cache budget (served, not kept)", (),
+       _F("data", "uncacheable")),
+    _M("nfsgw_data_fetch_errors_total", COUNTER,
+       "Backend fetches that failed (every waiting READ got the error)", (),
+       _F("data", "fetch_errors")),
+    _M("nfsgw_data_precondition_failed_total", COUNTER,
+       "Fetches refused because the object changed (its cached blocks were dropped)", (),
+       _F("data", "precondition_failed")),
+    _M("nfsgw_data_cache_bytes", GAUGE, "Bytes charged to the data cache", (),
+       _F("data", "cache_bytes")),
+    _M("nfsgw_data_cache_entries", GAUGE, "Blocks in the data cache", (), _F("data", "entries")),
+    _M("nfsgw_data_fetches_inflight", GAUGE, "Backend GETs running", (),
+       _F("data", "inflight_fetches")),
+    _M("nfsgw_data_queued_inflight", GAUGE, "Fetches waiting for a fetch slot", (),
+       _F("data", "queued_inflight")),
+    _M("nfsgw_data_pending_fetch_bytes", GAUGE, "Bytes requested by fetches running or queued",
+       (), _F("data", "pending_fetch_bytes")),
+    # -- directory index: namespace.NamespaceStats, summed over exports -----------------------
+    _M("nfsgw_metadata_lookups_total", COUNTER, "Name lookups in the index", (),
+       _F("namespace", "lookups")),
+    _M("nfsgw_metadata_cache_hits_total", COUNTER,
+       "Lookups and getattrs answered with an entry from the index", (),
+       _F("namespace", "hits")),
+    _M("nfsgw_metadata_cache_negative_hits_total", COUNTER,
+       "Lookups answered 'absent' from a complete listing, without a request", (),
+       _F("namespace", "negative_hits")),
+    _M("nfsgw_metadata_cache_misses_total", COUNTER,
+       "Index lookups that needed a backend request (a directory's first listing or a "
+       "targeted LIST)", (), FieldSum("namespace", ("prefetches", "targeted_lookups"))),
+    _M("nfsgw_metadata_prefetches_total", COUNTER,
+       "Whole-directory listings started (first touch, or a re-list after the TTL)", ("kind",),
+       PerLabel("namespace", (("first", "prefetches"), ("relist", "relists")))),
+    _M("nfsgw_metadata_list_pages_total", COUNTER, "LIST pages ingested", (),
+       _F("namespace", "list_pages")),
+    _M("nfsgw_metadata_targeted_lookups_total", COUNTER,
+       "Lookups in huge or partial directories answered with a targeted LIST", (),
+       _F("namespace", "targeted_lookups")),
+    _M("nfsgw_metadata_heads_total", COUNTER, "HEADs issued by the index", (),
+       _F("namespace", "heads")),
+    _M("nfsgw_metadata_list_errors_total", COUNTER, "Directory listings that failed", (),
+       _F("namespace", "list_errors")),
+    _M("nfsgw_metadata_cache_evictions_total", COUNTER,
+       "Directories dropped from the index for space", (), _F("namespace", "evictions")),
+    _M("nfsgw_namespace_skipped_keys_total", COUNTER,
+       "Object keys that cannot be a path (skipped in listings)", (),
+       _F("namespace", "skipped_keys")),
+    _M("nfsgw_namespace_truncated_dirs_total", COUNTER,
+       "Directory listings cut at max_list_pages (the directory is served partially)", (),
+       _F("namespace", "truncated_dirs")),
+    _M("nfsgw_metadata_cache_bytes", GAUGE, "Estimated bytes of the directory index", (),
+       _F("namespace", "bytes")),
+    _M("nfsgw_metadata_cache_entries", GAUGE, "Entries in the index", (),
+       _F("namespace", "entries")),
+    _M("nfsgw_metadata_cache_dirs", GAUGE, "Directories in the index", (),
+       _F("namespace", "dirs")),
+    # -- writes: writes.WriteStats ------------------------------------------------------------
+    _M("nfsgw_writes_writes_total", COUNTER, "WRITE calls staged in the spool", (),
+       _F("writes", "writes")),
+    _M("nfsgw_writes_bytes_staged_total", COUNTER, "Bytes written into the spool", (),
+       _F("writes", "bytes_staged")),
+    _M("nfsgw_writes_commits_total", COUNTER,
+       "Staged files committed (uploaded) by COMMIT, a FILE_SYNC WRITE or the gateway itself",
+       (), _F("writes", "commits")),
+    _M("nfsgw_writes_commit_errors_total", COUNTER, "Commits that failed", (),
+       _F("writes", "commit_errors")),
+    _M("nfsgw_writes_background_commits_total", COUNTER,
+       "Commits started by the gateway to relieve spool pressure", (),
+       _F("writes", "background_commits")),
+    _M("nfsgw_writes_puts_total", COUNTER,
+       "Single-request uploads: small files at commit, CREATE/SYMLINK/MKDIR, directory markers", (),
+       _F("writes", "puts")),
+    _M("nfsgw_writes_multipart_uploads_total", COUNTER, "Multipart uploads completed", (),
+       _F("writes", "multipart_uploads")),
+    _M("nfsgw_writes_parts_uploaded_total", COUNTER, "Multipart parts uploaded at commit time", (),
+       _F("writes", "parts_uploaded")),
+    _M("nfsgw_writes_parts_streamed_total", COUNTER,
+       "Multipart parts uploaded as soon as they were full, before the commit", (),
+       _F("writes", "parts_streamed")),
+    _M("nfsgw_writes_parts_reuploaded_total", COUNTER,
+       "Multipart parts uploaded again (a later write changed them)", (),
+       _F("writes", "parts_reuploaded")),
+    _M("nfsgw_writes_base_fetches_total", COUNTER,
+       "Reads of the existing object to fill the unwritten ranges of a partial rewrite", (),
+       _F("writes", "base_fetches")),
+    _M("nfsgw_writes_metadata_heads_total", COUNTER,
+       "HEADs by the write path for an object's metadata not known from memory", (),
+       _F("writes", "metadata_heads")),
+    _M("nfsgw_writes_rebases_total", COUNTER,
+       "Commits whose base object changed underneath (writes re-applied to the new version)", (),
+       _F("writes", "rebases")),
+    _M("nfsgw_writes_jukebox_total", COUNTER,
+       "WRITEs answered NFS3ERR_JUKEBOX (spool or staged-file limit reached; the client retries)",
+       (), _F("writes", "jukebox")),
+    _M("nfsgw_writes_orphan_uploads_aborted_total", COUNTER,
+       "Multipart uploads of an earlier process aborted at start-up", (),
+       _F("writes", "orphan_uploads_aborted")),
+    _M("nfsgw_writes_staged_files", GAUGE, "Files with staged writes not yet committed", (),
+       _F("writes", "staged_files")),
+    _M("nfsgw_writes_spool_bytes", GAUGE, "Bytes of staged data reserved in the spool", (),
+       _F("writes", "spool_bytes")),
+    # -- the process: ServerStats ---------------------------------------------------------
+    _M("nfsgw_exports", GAUGE, "Exports served", (), _F("server", "exports")),
+    _M("nfsgw_connections_refused_total", COUNTER,
+       "Connections closed at once because max_connections were open", (),
+       _F("server", "connections_refused")),
+    _M("nfsgw_config_reloads_total", COUNTER, "Configuration reloads by outcome", ("outcome",),
+       PerLabel("server", (("error", "reloads_error"), ("ok", "reloads_ok")))),
+    _M("nfsgw_data_cache_budget_bytes", GAUGE, "Data cache budget", (),
+       _F("server", "data_cache_budget_bytes")),
+    _M("nfsgw_metadata_cache_budget_bytes", GAUGE, "Directory index budget across exports", (),
+       _F("server", "metadata_cache_budget_bytes")),
+    _M("nfsgw_start_time_seconds", GAUGE, "Start time of the process (Unix time)", (),
+       Hook.START_TIME),
+    # -- warm-ups: ops.warmup.WarmupStats -----------------------------------------------------
+    _M("nfsgw_warmup_jobs", GAUGE, "Warm-up jobs by state", ("state",),
+       PerLabel("warmup", tuple((s, s) for s in ("running", "done", "failed", "cancelled")))),
+    _M("nfsgw_warmup_dirs_total", COUNTER, "Directories listed by warm-ups", (),
+       _F("warmup", "dirs")),
+    _M("nfsgw_warmup_files_total", COUNTER, "Files seen by warm-ups", (),
+       _F("warmup", "files")),
+    _M("nfsgw_warmup_read_bytes_total", COUNTER, "Bytes read into the data cache by warm-ups",
+       (), _F("warmup", "bytes_read")),
+)  # fmt: skip
+
+
+def _field_refs(src: Source) -> Iterator[tuple[str, str]]:
+    if isinstance(src, Field):
+        yield src.layer, src.name
+    elif isinstance(src, FieldSum):
+        yield from ((src.layer, n) for n in src.names)
+    elif isinstance(src, PerLabel):
+        yield from ((src.layer, f) for _, f in src.series)
+
+
+def _field_kinds(table: Sequence[MetricDef]) -> dict[str, dict[str, Kind]]:
+    """layer -> field -> the kind of the families it feeds (checked: one kind per field, names
+    unique, counters end in ``_total`` and nothing else does, labels match the source)."""
+    out: dict[str, dict[str, Kind]] = {}
+    names: set[str] = set()
+    for m in table:
+        if m.name in names:
+            raise ValueError(f"{m.name}: declared twice")
+        names.add(m.name)
+        if m.name.endswith("_total") != (m.kind is Kind.COUNTER):
+            raise ValueError(f"{m.name}: counters, and only they, end in _total")
+        if isinstance(m.source, PerLabel) and len(m.labels) != 1:
+            raise ValueError(f"{m.name}: a PerLabel source needs exactly one label")
+        if isinstance(m.source, Field | FieldSum) and m.labels:
+            raise ValueError(f"{m.name}: a field source has no labels")
+        for layer, f in _field_refs(m.source):
+            kind = out.setdefault(layer, {}).setdefault(f, m.kind)
+            if kind is not m.kind:
+                raise ValueError(f"{layer}.{f}: feeds a {kind.value} and a {m.kind.value}")
+    return out
+
+
+_FIELD_KINDS = _field_kinds(METRICS)
+
+
+# ================================================================================ recording
 
 
 class _Hist:
@@ -80,130 +421,9 @@ class _Hist:
         return out
 
 
-# Explicit names: (layer, field) -> (metric name, help, kind); kind "counter" or "gauge".
-_NAMED: dict[tuple[str, str], tuple[str, str, str]] = {
-    ("conn", "open"): ("nfsgw_connections", "Client TCP connections open", "gauge"),
-    ("conn", "opened"): ("nfsgw_connections_opened", "Client TCP connections accepted", "counter"),
-    ("conn", "closed"): ("nfsgw_connections_closed", "Client TCP connections closed", "counter"),
-    ("conn", "inflight"): ("nfsgw_rpc_inflight", "RPC calls being served", "gauge"),
-    ("conn", "bytes_in"): ("nfsgw_received_bytes", "Bytes received from NFS clients", "counter"),
-    ("conn", "bytes_out"): ("nfsgw_sent_bytes", "Bytes sent to NFS clients", "counter"),
-    ("conn", "oversized"): (
-        "nfsgw_records_rejected",
-        "RPC records over max_record (their connection was closed)",
-        "counter",
-    ),
-    ("gateway", "files_opened"): (
-        "nfsgw_files_opened",
-        "READs at offset 0: files opened and read (NFSv3 has no OPEN)",
-        "counter",
-    ),
-    ("gateway", "clients_denied"): (
-        "nfsgw_clients_denied",
-        "NFS calls refused by an export's clients or secure_port rule (NFS3ERR_ACCES)",
-        "counter",
-    ),
-    ("gateway", "mounts_denied"): (
-        "nfsgw_mounts_denied",
-        "MNT calls refused by an export's clients or secure_port rule (MNT3ERR_ACCES)",
-        "counter",
-    ),
-    ("gateway", "permission_denied"): (
-        "nfsgw_permission_denied",
-        "LOOKUP/READDIR/READ refused by mode bits for the squashed identity",
-        "counter",
-    ),
-    ("data", "hits"): ("nfsgw_data_cache_hits", "READ block lookups served from memory", "counter"),
-    ("data", "misses"): (
-        "nfsgw_data_cache_misses",
-        "READ block lookups that waited for a backend fetch",
-        "counter",
-    ),
-    ("data", "joined"): (
-        "nfsgw_data_cache_joined",
-        "Misses that joined a fetch already in flight",
-        "counter",
-    ),
-    ("data", "evictions"): (
-        "nfsgw_data_cache_evictions",
-        "Blocks dropped for space (including admission refusals)",
-        "counter",
-    ),
-    ("data", "cache_bytes"): ("nfsgw_data_cache_bytes", "Bytes charged to the data cache", "gauge"),
-    ("data", "entries"): ("nfsgw_data_cache_entries", "Blocks in the data cache", "gauge"),
-    ("data", "bytes_hit"): (
-        "nfsgw_data_cache_hit_bytes",
-        "READ payload bytes served from memory",
-        "counter",
-    ),
-    ("data", "bytes_fetched"): (
-        "nfsgw_backend_received_bytes",
-        "Object bytes received from the backend",
-        "counter",
-    ),
-    ("data", "readahead_blocks"): (
-        "nfsgw_data_readahead_blocks",
-        "Blocks requested by read-ahead (data prefetch)",
-        "counter",
-    ),
-    ("data", "readahead_unused"): (
-        "nfsgw_data_readahead_unused_blocks",
-        "Read-ahead blocks dropped before any READ used them",
-        "counter",
-    ),
-    ("data", "inflight_fetches"): (
-        "nfsgw_data_fetches_inflight",
-        "Backend GETs running",
-        "gauge",
-    ),
-    ("namespace", "lookups"): ("nfsgw_metadata_lookups", "Name lookups in the index", "counter"),
-    ("namespace", "hits"): (
-        "nfsgw_metadata_cache_hits",
-        "Lookups and getattrs answered with an entry from the index",
-        "counter",
-    ),
-    ("namespace", "negative_hits"): (
-        "nfsgw_metadata_cache_negative_hits",
-        "Lookups answered 'absent' from a complete listing, without a request",
-        "counter",
-    ),
-    ("namespace", "evictions"): (
-        "nfsgw_metadata_cache_evictions",
-        "Directories dropped from the index for space",
-        "counter",
-    ),
-    ("namespace", "bytes"): (
-        "nfsgw_metadata_cache_bytes",
-        "Estimated bytes of the directory index",
-        "gauge",
-    ),
-    ("namespace", "entries"): ("nfsgw_metadata_cache_entries", "Entries in the index", "gauge"),
-    ("namespace", "dirs"): ("nfsgw_metadata_cache_dirs", "Directories in the index", "gauge"),
-    ("namespace", "list_pages"): (
-        "nfsgw_metadata_list_pages",
-        "LIST pages ingested",
-        "counter",
-    ),
-    ("namespace", "targeted_lookups"): (
-        "nfsgw_metadata_targeted_lookups",
-        "Lookups in huge or partial directories answered with a targeted LIST",
-        "counter",
-    ),
-    ("namespace", "heads"): ("nfsgw_metadata_heads", "HEADs issued by the index", "counter"),
-    ("namespace", "list_errors"): (
-        "nfsgw_metadata_list_errors",
-        "Directory listings that failed",
-        "counter",
-    ),
-}
-# Fields folded into other families (prefetches, misses): not exported generically.
-_FOLDED = {("namespace", "prefetches"), ("namespace", "relists")}
-_GAUGE_SUFFIXES = ("bytes", "entries", "inflight", "open", "inflight_fetches")
-
-
 def _numeric_fields(stats: Any) -> Iterator[tuple[str, float]]:
     if is_dataclass(stats):
-        names: Iterable[str] = (f.name for f in fields(stats))
+        names: Sequence[str] = [f.name for f in fields(stats)]
     else:
         names = getattr(stats, "__slots__", ())
     for name in names:
@@ -212,17 +432,20 @@ def _numeric_fields(stats: Any) -> Iterator[tuple[str, float]]:
             yield name, v
 
 
+# A stats object, or a callable returning one at scrape time (a snapshot).
+StatsSource = object | Callable[[], object]
+
+
+def _read(source: StatsSource) -> object:
+    return source() if callable(source) else source
+
+
 class _Collector(Collector):
     def __init__(self, m: Metrics) -> None:
         self.m = m
 
     def collect(self) -> Iterator[Metric]:
-        m = self.m
-        yield from m._rpc_families()
-        yield from m._s3_families()
-        yield from m._stats_families()
-        for extra in m.extra_collectors:
-            yield from extra()
+        return self.m.families()
 
 
 class Metrics(CallObserver):
@@ -232,10 +455,10 @@ class Metrics(CallObserver):
         self.rpc: dict[tuple[str, str], _Hist] = {}
         self.s3: dict[tuple[str, str], _Hist] = {}
         self.rpc_errors: Counter[str] = Counter()
-        # layer -> stats objects (several namespaces are summed)
-        self.sources: dict[str, list[Any]] = {}
-        # Extra metric families (warm-up jobs, config reloads, ...), called at scrape time.
-        self.extra_collectors: list[Callable[[], Iterable[Metric]]] = []
+        # layer -> stats objects or snapshot callables (several namespaces are summed)
+        self.sources: dict[str, list[StatsSource]] = {}
+        # layer -> counter field -> what sources removed with ``retire_stats`` had counted
+        self._retired: dict[str, dict[str, float]] = {}
         self.start_time = time.time()
         self.registry.register(_Collector(self))
         # Plain counters for in-process readers (tests, /v1/stats, loadgen).
@@ -244,7 +467,9 @@ class Metrics(CallObserver):
 
     # -- start-up ---------------------------------------------------------------------------
 
-    def prepare(self, procs: Sequence[str], ops: Sequence[str] = ()) -> None:
+    def prepare(
+        self, procs: Sequence[str] = PREPARED_PROCS, ops: Sequence[str] = PREPARED_BACKEND_OPS
+    ) -> None:
         """Create the ``ok`` series of every procedure and backend operation up front, so
         rates start from 0 on dashboards (STYLE §6: children resolved at start-up)."""
         for p in procs:
@@ -252,13 +477,36 @@ class Metrics(CallObserver):
         for op in ops:
             self.s3.setdefault((op, "ok"), _Hist())
 
-    def add_stats(self, prefix: str, stats: Any) -> None:
-        self.sources.setdefault(prefix, []).append(stats)
+    def add_stats(self, layer: str, stats: StatsSource) -> None:
+        """Read ``stats`` (or what the callable returns) at every scrape under ``layer``.
+        Its numeric fields must be exactly the fields ``METRICS`` declares for the layer."""
+        declared = _FIELD_KINDS.get(layer)
+        if declared is None:
+            raise ValueError(f"no metric reads layer {layer!r}; declare it in METRICS")
+        have = {name for name, _ in _numeric_fields(_read(stats))}
+        if have != set(declared):
+            raise ValueError(
+                f"stats of layer {layer!r} do not match METRICS: undeclared "
+                f"{sorted(have - set(declared))}, missing {sorted(set(declared) - have)}"
+            )
+        self.sources.setdefault(layer, []).append(stats)
 
-    def remove_stats(self, prefix: str, stats: Any) -> None:
-        lst = self.sources.get(prefix, [])
+    def remove_stats(self, layer: str, stats: StatsSource) -> None:
+        lst = self.sources.get(layer, [])
         if any(s is stats for s in lst):
             lst[:] = [s for s in lst if s is not stats]
+
+    def retire_stats(self, layer: str, stats: StatsSource) -> None:
+        """Stop reading ``stats`` but keep what its counters counted in the totals (counters
+        never go down when an export is replaced); its gauges leave with it."""
+        if not any(s is stats for s in self.sources.get(layer, ())):
+            return
+        self.remove_stats(layer, stats)
+        kinds = _FIELD_KINDS[layer]
+        kept = self._retired.setdefault(layer, {})
+        for name, v in _numeric_fields(_read(stats)):
+            if kinds.get(name) is Kind.COUNTER:
+                kept[name] = kept.get(name, 0) + v
 
     # -- hot path ---------------------------------------------------------------------------
 
@@ -284,80 +532,63 @@ class Metrics(CallObserver):
 
     # -- scrape time ------------------------------------------------------------------------
 
-    def _rpc_families(self) -> Iterator[Metric]:
-        req = CounterMetricFamily(
-            "nfsgw_rpc_requests", "RPC calls by procedure and status", labels=["proc", "status"]
-        )
-        dur = HistogramMetricFamily(
-            "nfsgw_rpc_duration_seconds",
-            "RPC call latency by procedure and status (decode to reply encoded)",
-            labels=["proc", "status"],
-        )
-        for (proc, status), h in sorted(self.rpc.items()):
-            req.add_metric([proc, status], h.count)
-            dur.add_metric([proc, status], h.cumulative(), h.sum)
-        err = CounterMetricFamily(
-            "nfsgw_rpc_errors", "RPC-level errors (no NFS status) by kind", labels=["kind"]
-        )
-        for kind, n in sorted(self.rpc_errors.items()):
-            err.add_metric([kind], n)
-        yield from (req, dur, err)
-
-    def _s3_families(self) -> Iterator[Metric]:
-        req = CounterMetricFamily(
-            "nfsgw_s3_requests",
-            "Backend requests by operation and outcome",
-            labels=["op", "outcome"],
-        )
-        dur = HistogramMetricFamily(
-            "nfsgw_s3_request_duration_seconds",
-            "Backend request latency by operation and outcome",
-            labels=["op", "outcome"],
-        )
-        for (op, outcome), h in sorted(self.s3.items()):
-            req.add_metric([op, outcome], h.count)
-            dur.add_metric([op, outcome], h.cumulative(), h.sum)
-        yield from (req, dur)
-
     def totals(self, layer: str) -> dict[str, float]:
-        """Field -> value summed over the layer's stats objects."""
+        """Field -> value summed over the layer's stats objects (and retired counters); every
+        field the table declares for the layer is present."""
         out: dict[str, float] = {}
         for s in self.sources.get(layer, ()):
-            for name, v in _numeric_fields(s):
+            for name, v in _numeric_fields(_read(s)):
                 out[name] = out.get(name, 0) + v
+        for name, v in self._retired.get(layer, {}).items():
+            out[name] = out.get(name, 0) + v
+        for name in _FIELD_KINDS.get(layer, ()):
+            out.setdefault(name, 0)
         return out
 
-    def _stats_families(self) -> Iterator[Metric]:
-        for layer in sorted(self.sources):
-            for name, v in sorted(self.totals(layer).items()):
-                if (layer, name) in _FOLDED:
-                    continue
-                named = _NAMED.get((layer, name))
-                if named is not None:
-                    full, doc, kind = named
-                else:
-                    full, doc = f"nfsgw_{layer}_{name}", f"{layer} {name}"
-                    kind = "gauge" if name.endswith(_GAUGE_SUFFIXES) else "counter"
-                if kind == "gauge":
-                    yield GaugeMetricFamily(full, doc, value=v)
-                else:
-                    yield CounterMetricFamily(full, doc, value=v)
-        ns = self.totals("namespace")
-        if ns:
-            pf = CounterMetricFamily(
-                "nfsgw_metadata_prefetches",
-                "Whole-directory listings started (first touch, or a re-list after the TTL)",
-                labels=["kind"],
-            )
-            pf.add_metric(["first"], ns.get("prefetches", 0))
-            pf.add_metric(["relist"], ns.get("relists", 0))
-            yield pf
-            yield CounterMetricFamily(
-                "nfsgw_metadata_cache_misses",
-                "Index lookups that needed a backend request (a directory's first listing or a "
-                "targeted LIST)",
-                value=ns.get("prefetches", 0) + ns.get("targeted_lookups", 0),
-            )
-        yield GaugeMetricFamily(
-            "nfsgw_start_time_seconds", "Start time of the process (Unix time)", self.start_time
-        )
+    def families(self) -> Iterator[Metric]:
+        """Every family of ``METRICS``, in table order."""
+        totals = {layer: self.totals(layer) for layer in _FIELD_KINDS}
+        for m in METRICS:
+            src = m.source
+            if isinstance(src, Hook):
+                yield self._hook_family(m, src)
+                continue
+            values = totals[src.layer]
+            fam = self._family(m)
+            if isinstance(src, Field):
+                fam.add_metric([], values[src.name])
+            elif isinstance(src, FieldSum):
+                fam.add_metric([], sum(values[n] for n in src.names))
+            else:
+                for label, f in src.series:
+                    fam.add_metric([label], values[f])
+            yield fam
+
+    @staticmethod
+    def _family(m: MetricDef) -> CounterMetricFamily | GaugeMetricFamily:
+        if m.kind is Kind.COUNTER:
+            return CounterMetricFamily(m.name, m.help, labels=m.labels)
+        if m.kind is Kind.GAUGE:
+            return GaugeMetricFamily(m.name, m.help, labels=m.labels)
+        raise ValueError(f"{m.name}: a histogram needs a Hook source")
+
+    def _hook_family(self, m: MetricDef, hook: Hook) -> Metric:
+        if hook is Hook.START_TIME:
+            g = self._family(m)
+            g.add_metric([], self.start_time)
+            return g
+        if hook is Hook.RPC_ERRORS:
+            c = self._family(m)
+            for kind, n in sorted(self.rpc_errors.items()):
+                c.add_metric([kind], n)
+            return c
+        hists = self.rpc if hook is Hook.RPC else self.s3
+        if m.kind is Kind.HISTOGRAM:
+            h = HistogramMetricFamily(m.name, m.help, labels=m.labels)
+            for labels, hist in sorted(hists.items()):
+                h.add_metric(list(labels), hist.cumulative(), hist.sum)
+            return h
+        fam = self._family(m)
+        for labels, hist in sorted(hists.items()):
+            fam.add_metric(list(labels), hist.count)
+        return fam

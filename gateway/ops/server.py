@@ -25,86 +25,32 @@ import dataclasses
 import errno
 import signal
 import socket
-from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import structlog
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway import pmap_client
 from gateway.backend import open_store, parse_store_url
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.clock import Clock, SystemClock
-from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
+from gateway.data import DataCache, DataStats, ObjectReader
 from gateway.dispatch import Dispatcher
-from gateway.exports import Export
+from gateway.exports import Export, ExportConfig, export_id_for
 from gateway.handlers import register_all
 from gateway.namespace import Namespace, NamespaceStats
-from gateway.namespace.config import NamespaceConfig
 from gateway.namespace.handles import HandleCodec, load_or_create_secret
-from gateway.ops.config import ConfigErrors, ExportConfig, ServerConfig, export_id_for, load_config
-from gateway.ops.metrics import Metrics
+from gateway.ops.admin import AdminApi
+from gateway.ops.config import ServerConfig, needs_rebuild, reload_plan
+from gateway.ops.configfile import ConfigErrors, load_config
+from gateway.ops.metrics import Metrics, ServerStats
 from gateway.ops.systemd import Notifier
+from gateway.ops.warmup import Warmups
 from gateway.registry import Gateway
-from gateway.transport import ConnectionStats, RpcConnection, TransportLimits
-from gateway.writes import WriteConfig, WriteManager
+from gateway.transport import ConnectionStats, RpcConnection
+from gateway.writes import WriteManager
 from nfsproto import mount3, nfs3, portmap
 
-if TYPE_CHECKING:
-    from gateway.ops.admin import AdminApi, Warmups
-
 log = structlog.get_logger(__name__)
-
-# Settings a reload cannot change in a running process (listeners, budgets, the handle secret).
-RESTART_ONLY = (
-    "listen",
-    "port",
-    "portmap_port",
-    "state_dir",
-    "cache_dir",
-    "s3",
-    "cache_memory",
-    "metadata_memory",
-    "small_file_max",
-    "block_size",
-    "max_readahead",
-    "max_inflight_per_conn",
-    "max_record",
-    "rsize",
-    "wsize",
-    "uvloop",
-    "prefetch",
-    "coalesce",
-    "log",
-    "spool_dir",
-    "spool_bytes",
-    "write_part_size",
-    "write_flush_idle_s",
-    "rename_max_entries",
-)
-# Series created at start-up (rates start from 0): the read path.
-PREPARED_PROCS = (
-    "MOUNT3.MNT",
-    *(
-        f"NFS3.{p}"
-        for p in (
-            "GETATTR",
-            "LOOKUP",
-            "ACCESS",
-            "READLINK",
-            "READ",
-            "READDIR",
-            "READDIRPLUS",
-            "FSSTAT",
-            "FSINFO",
-            "PATHCONF",
-        )
-    ),
-)
-# Export settings whose change needs a fresh store and index.
-_REBUILD = ("backend", "attr_ttl_s", "immutable")
-_NS_GAUGES = ("entries", "bytes", "dirs")
 
 
 class _Refused(asyncio.Protocol):
@@ -151,7 +97,6 @@ class Server:
         self.reloads = {"ok": 0, "error": 0}
         self.last_reload_error: list[str] = []
         self._reload_lock = asyncio.Lock()
-        self._retired_ns = NamespaceStats()
         self._retiring: set[asyncio.Task[None]] = set()
         self._retired_exports: list[Export] = []
         self._stopping = asyncio.Event()
@@ -160,79 +105,77 @@ class Server:
     # ------------------------------------------------------------------ start
 
     async def start(self) -> None:
-        from gateway.ops.admin import AdminApi, Warmups
-
         c = self.config
         await asyncio.to_thread(self._make_dirs)
-        secret = load_or_create_secret(c.state_dir)
-        handles = HandleCodec(secret, c.state_dir / "handles.sqlite3")
+        state_dir = c.server.state_dir
+        secret = load_or_create_secret(state_dir)
+        handles = HandleCodec(secret, state_dir / "handles.sqlite3")
         data_stats = DataStats()
-        cache = DataCache(c.cache_memory, stats=data_stats)
-        data_cfg = DataConfig(
-            small_file_max=c.small_file_max if c.coalesce else 0,
-            block_size=c.block_size,
-            max_readahead=c.max_readahead if c.coalesce else 0,
-        )
-        reader = ObjectReader(cache, data_cfg, data_stats)
-        writes = WriteManager(WriteConfig.from_server(c), reader)
-        gw = Gateway(c, handles, reader, writes)
+        cache = DataCache(c.cache.memory, stats=data_stats)
+        reader = ObjectReader(cache, c.cache.reads, data_stats)
+        # A relative spool_dir (the default "spool") is under the state directory.
+        spool_dir = state_dir / c.writes.spool_dir
+        writes = WriteManager(dataclasses.replace(c.writes, spool_dir=spool_dir), reader)
+        gw = Gateway(c.server.nfs, handles, reader, writes)
         self.metrics.add_stats("data", data_stats)
         self.metrics.add_stats("conn", self.conn_stats)
         self.metrics.add_stats("gateway", gw.stats)
         self.metrics.add_stats("writes", writes.stats)
-        self.metrics.add_stats("namespace", self._retired_ns)
-        self.metrics.extra_collectors.append(self._server_families)
+        self.metrics.add_stats("server", self._server_stats)
         for ec in c.exports:
             gw.add_export(self._make_export(ec))
         self.gateway = gw
         register_all(self.dispatcher, gw)
-        self.metrics.prepare(PREPARED_PROCS, ["list", "get", "head"])
-        self.warmups = Warmups(self)
+        self.metrics.prepare()
+        self.warmups = Warmups(gw, self.clock)
+        self.metrics.add_stats("warmup", self.warmups.stats)
 
         loop = asyncio.get_running_loop()
-        limits = TransportLimits(max_record=c.max_record, max_inflight=c.max_inflight_per_conn)
+        limits = c.server.transport
 
         def factory() -> asyncio.Protocol:
-            if len(self.connections) >= self.config.max_connections:
+            if len(self.connections) >= self.config.server.max_connections:
                 self.refused_connections += 1
                 if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
                     log.warning(
                         "connection_refused",
-                        limit=self.config.max_connections,
+                        limit=self.config.server.max_connections,
                         refused=self.refused_connections,
                     )
                 return _Refused()
             return RpcConnection(self.dispatcher.handle, limits, self.conn_stats, self.connections)
 
-        srv = await loop.create_server(factory, c.listen, c.port, reuse_address=True, backlog=1024)
+        srv = await loop.create_server(
+            factory, c.server.listen, c.server.port, reuse_address=True, backlog=1024
+        )
         self._servers.append(srv)
         self.port = gw.port = srv.sockets[0].getsockname()[1]
-        if c.portmap_port is not None:
-            await self._start_portmap(factory, c.portmap_port)
+        if c.server.portmap_port is not None:
+            await self._start_portmap(factory, c.server.portmap_port)
         gw.portmap_port = self.portmap_port
-        listen = c.admin_listen
+        listen = c.admin.listen
         if listen:
-            admin = AdminApi(self)
+            admin = AdminApi(self, gw, self.metrics, self.warmups, self.clock)
             self.metrics_port = await admin.start(listen)
             self.admin = admin
         self.started = True
         log.info(
             "gateway_started",
-            listen=c.listen,
+            listen=c.server.listen,
             port=self.port,
             portmap_port=self.portmap_port or None,
             admin_port=self.metrics_port or None,
             exports=[e.path for e in c.exports],
-            cache_memory=c.cache_memory,
+            cache_memory=c.cache.memory,
             config=str(c.source) if c.source else None,
         )
         self.notifier.ready(self._status())
         self.notifier.start_watchdog()
 
     def _make_dirs(self) -> None:
-        self.config.state_dir.mkdir(parents=True, exist_ok=True)
-        if self.config.cache_dir is not None:
-            self.config.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.config.server.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.server.cache_dir is not None:
+            self.config.server.cache_dir.mkdir(parents=True, exist_ok=True)
 
     def _status(self) -> str:
         gw = self.gateway
@@ -251,47 +194,41 @@ class Server:
             store,
             prefix,
             clock=self.clock,
-            config=NamespaceConfig(
-                attr_ttl_s=ec.attr_ttl_s,
-                immutable=ec.immutable,
-                memory_bytes=max(1 << 20, c.metadata_memory // max(1, len(c.exports))),
-                prefetch=c.prefetch,
-            ),
+            config=c.cache.namespace_for(ec, len(c.exports)),
             stats=ns_stats,
         )
         self.metrics.add_stats("namespace", ns_stats)
         return Export(export_id_for(ec.path), ec, store, ns, prefix)
 
     def _open_store(self, ec: ExportConfig) -> ObjectStore:
-        from gateway.backend.config import RetryPolicy
-
-        s3 = self.config.s3
-        kw: dict[str, object] = {}
-        if ec.backend.startswith("s3://"):
-            kw = {
-                "endpoint_url": s3.endpoint_url,
-                "region": s3.region,
-                "addressing_style": s3.addressing_style,
-                "profile": s3.profile,
-                "anonymous": s3.anonymous or None,
-                "max_connections": s3.max_connections,
-                "retry": RetryPolicy(
-                    max_attempts=s3.max_attempts,
-                    request_timeout_s=s3.request_timeout_s,
-                    deadline_s=s3.deadline_s,
-                ),
-            }
-        return open_store(ec.backend, observer=self.metrics.backend_request, **kw)  # type: ignore[arg-type]
+        observer = self.metrics.backend_request
+        if not ec.backend.startswith("s3://"):
+            return open_store(ec.backend, observer=observer)
+        s3 = self.config.s3  # region None: the store follows the AWS region chain
+        return open_store(
+            ec.backend,
+            observer=observer,
+            endpoint_url=s3.endpoint_url,
+            region=s3.region,
+            addressing_style=s3.addressing_style,
+            profile=s3.profile,
+            anonymous=s3.anonymous or None,
+            max_connections=s3.max_connections,
+            retry=s3.retry,
+        )
 
     async def _start_portmap(self, factory: Callable[[], asyncio.Protocol], port: int) -> None:
         loop = asyncio.get_running_loop()
         try:
-            srv = await loop.create_server(factory, self.config.listen, port, reuse_address=True)
+            srv = await loop.create_server(
+                factory, self.config.server.listen, port, reuse_address=True
+            )
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 raise
             # A system rpcbind owns the port: register our programs with it instead.
-            host = "127.0.0.1" if self.config.listen in ("0.0.0.0", "::") else self.config.listen
+            listen = self.config.server.listen
+            host = "127.0.0.1" if listen in ("0.0.0.0", "::") else listen
             for prog, vers in ((nfs3.PROGRAM, nfs3.VERSION), (mount3.PROGRAM, mount3.VERSION)):
                 ok = await pmap_client.set_mapping(
                     host, port, portmap.Mapping(prog, vers, portmap.IPPROTO_TCP, self.port)
@@ -302,33 +239,17 @@ class Server:
         self._servers.append(srv)
         self.portmap_port = srv.sockets[0].getsockname()[1]
 
-    def _server_families(self) -> Iterable[Metric]:
+    def _server_stats(self) -> ServerStats:
+        """The process's own readings, for ``gateway.ops.metrics`` at scrape time."""
         gw = self.gateway
-        yield GaugeMetricFamily(
-            "nfsgw_exports", "Exports served", value=len(gw.exports) if gw else 0
+        return ServerStats(
+            exports=len(gw.exports) if gw else 0,
+            connections_refused=self.refused_connections,
+            reloads_ok=self.reloads["ok"],
+            reloads_error=self.reloads["error"],
+            data_cache_budget_bytes=gw.reader.cache.budget_bytes if gw else 0,
+            metadata_cache_budget_bytes=self.config.cache.metadata_memory,
         )
-        yield CounterMetricFamily(
-            "nfsgw_connections_refused",
-            "Connections closed at once because max_connections were open",
-            value=self.refused_connections,
-        )
-        r = CounterMetricFamily(
-            "nfsgw_config_reloads", "Configuration reloads by outcome", labels=["outcome"]
-        )
-        for outcome, n in sorted(self.reloads.items()):
-            r.add_metric([outcome], n)
-        yield r
-        if gw is not None:
-            yield GaugeMetricFamily(
-                "nfsgw_data_cache_budget_bytes",
-                "Data cache budget",
-                value=gw.reader.cache.budget_bytes,
-            )
-            yield GaugeMetricFamily(
-                "nfsgw_metadata_cache_budget_bytes",
-                "Directory index budget across exports",
-                value=self.config.metadata_memory,
-            )
 
     # ------------------------------------------------------------------ reload
 
@@ -370,18 +291,11 @@ class Server:
         gw = self.gateway
         assert gw is not None, "apply() before start()"
         old = self.config
-        restart = [f for f in RESTART_ONLY if getattr(old, f) != getattr(new, f)]
-        if old.admin_listen != new.admin_listen:
-            restart.append("admin.listen")
-        merged = dataclasses.replace(
-            new, **{f: getattr(old, f) for f in RESTART_ONLY}, metrics_listen=old.metrics_listen
-        )
-        if old.admin_listen != new.admin_listen:
-            merged = dataclasses.replace(
-                merged, admin=dataclasses.replace(new.admin, listen=old.admin.listen)
-            )
+        # Settings a reload cannot change (listeners, budgets, the handle secret) keep their
+        # running values; each key declares which it is (gateway.ops.config).
+        merged, restart = reload_plan(old, new)
         self.config = merged
-        gw.config = merged
+        gw.config = merged.server.nfs
         changes: dict[str, list[str]] = {
             "added": [],
             "removed": [],
@@ -402,7 +316,7 @@ class Server:
                 changes["added"].append(path)
             elif cur.cfg == ec:
                 continue
-            elif any(getattr(cur.cfg, f) != getattr(ec, f) for f in _REBUILD):
+            elif needs_rebuild(cur.cfg, ec):
                 fresh = self._make_export(ec)
                 gw.remove_export(cur)
                 gw.add_export(fresh)
@@ -421,14 +335,10 @@ class Server:
     def _retire(self, export: Export) -> None:
         """Close a replaced or removed export's index and store once calls still using it had
         time to finish; keep its counters in the totals (they must never go down)."""
-        self.metrics.remove_stats("namespace", export.ns.stats)
-        for f in dataclasses.fields(NamespaceStats):
-            if f.name not in _NS_GAUGES:
-                v = getattr(self._retired_ns, f.name) + getattr(export.ns.stats, f.name)
-                setattr(self._retired_ns, f.name, v)
+        self.metrics.retire_stats("namespace", export.ns.stats)
 
         async def close_later() -> None:
-            await asyncio.sleep(self.config.drain_timeout_s)
+            await asyncio.sleep(self.config.server.drain_timeout_s)
             await self._close_export(export)
 
         t = asyncio.get_running_loop().create_task(close_later())
@@ -451,7 +361,7 @@ class Server:
             return
         self._stopped = True
         self.stopping = True
-        timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        timeout = self.config.server.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         deadline = self.clock.monotonic() + timeout
         self.notifier.stopping(timeout)
         for s in self._servers:
@@ -482,13 +392,13 @@ class Server:
                 await s.wait_closed()
             except Exception as e:
                 log.warning("close_failed", what="listener", error=repr(e))
-        if self._registered_with_rpcbind and self.config.portmap_port:
+        if self._registered_with_rpcbind and self.config.server.portmap_port:
             host = "127.0.0.1"
             for prog, vers in ((nfs3.PROGRAM, nfs3.VERSION), (mount3.PROGRAM, mount3.VERSION)):
                 try:
                     await pmap_client.unset_mapping(
                         host,
-                        self.config.portmap_port,
+                        self.config.server.portmap_port,
                         portmap.Mapping(prog, vers, portmap.IPPROTO_TCP, self.port),
                     )
                 except Exception as e:
@@ -513,9 +423,6 @@ class Server:
             await self.gateway.handles.close()
         await self.notifier.close()
         log.info("gateway_stopped", port=self.port)
-
-    def request_stop(self) -> None:
-        self._stopping.set()
 
     async def run_until_signalled(self) -> int:
         """Serve until SIGTERM/SIGINT (then drain and return 0); SIGHUP reloads."""
@@ -547,7 +454,3 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def state_dir_default() -> Path:
-    return Path("/var/lib/nfsgw")

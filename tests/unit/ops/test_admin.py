@@ -15,8 +15,9 @@ import pytest
 from gateway.backend.base import BackendUnavailable, ListPage
 from gateway.backend.memory import MemoryStore
 from gateway.clock import FakeClock
+from gateway.exports import ExportConfig
 from gateway.ops import cli
-from gateway.ops.config import ConfigErrors, ConfigIssue, ExportConfig
+from gateway.ops.configfile import ConfigErrors, ConfigIssue
 from nfsproto.nfs3 import NfsStat3
 from tests.unit.ops.helpers import Client, Http, Stores, admin_config, make_config, running, sample
 
