@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.seaweed import SeaweedServer  # noqa: E402
+from loadgen.seaweed import SeaweedServer  # noqa: E402
 
 KCLIENT = ROOT.parent / "shared" / "tools" / "kclient"
 
@@ -89,7 +89,7 @@ def main() -> int:
                 "--state-dir",
                 str(work / "state"),
                 "--read-only",
-                "--metrics-listen",
+                "--admin-listen",
                 f"127.0.0.1:{mport}",
                 "--log-format",
                 "json",

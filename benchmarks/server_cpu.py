@@ -26,7 +26,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadgen.rpcclient import RpcClient  # noqa: E402
+from gateway.rpcclient import RpcClient  # noqa: E402
 from nfsproto import mount3, nfs3  # noqa: E402
 from nfsproto.nfs3 import Nfs3Proc  # noqa: E402
 

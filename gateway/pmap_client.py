@@ -1,51 +1,36 @@
-"""A minimal one-shot ONC RPC client over TCP, used to register our programs with a system
-rpcbind that already owns port 111 (PMAP SET/UNSET, AUTH_SYS uid 0 as rpcbind requires)."""
+"""A portmapper (PMAP v2, RFC 1833) client over TCP, one connection per call: registering our
+programs with a system rpcbind that already owns port 111 (SET/UNSET, AUTH_SYS uid 0 as
+rpcbind requires), and asking one for a program's port (GETPORT, the load generator).
+
+Owns: the PMAP calls and their bound in time. Must not: keep connections open.
+Errors: ``OSError``/``TimeoutError`` from the connection, ``nfsproto.client.RpcError`` when
+the portmapper refuses the call.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import os
-
+from gateway.rpcclient import call_once
 from nfsproto import portmap, rpc
-from nfsproto.xdr import Reader, Writer, XdrError
+
+__all__ = ["getport", "set_mapping", "unset_mapping"]
 
 TIMEOUT_S = 5.0
-
-
-async def call(host: str, port: int, prog: int, vers: int, proc: int, args: bytes) -> Reader:
-    """One call; returns a Reader positioned at the results. Raises OSError/TimeoutError, or
-    XdrError when the reply is not an accepted SUCCESS."""
-    xid = int.from_bytes(os.urandom(4), "big")
-    w = Writer()
-    rpc.pack_call(w, xid, prog, vers, proc, rpc.auth_sys(0, 0, [], b"nfsgw"))
-    w.raw(args)
-    async with asyncio.timeout(TIMEOUT_S):
-        reader, writer = await asyncio.open_connection(host, port)
-        try:
-            writer.writelines(rpc.frame(w.buffers()))
-            await writer.drain()
-            rr = rpc.RecordReader(1 << 20)
-            while True:
-                chunk = await reader.read(65536)
-                if not chunk:
-                    raise ConnectionError("connection closed before the reply")
-                recs = rr.feed(chunk)
-                if recs:
-                    break
-        finally:
-            writer.close()
-    r = Reader(recs[0])
-    h = rpc.unpack_reply(r)
-    if h.xid != xid or h.accept_stat != rpc.AcceptStat.SUCCESS:
-        raise XdrError(f"rpc call failed: {h}")
-    return r
+CRED = rpc.auth_sys(0, 0, [], b"nfsgw")
 
 
 async def _set(host: str, port: int, m: portmap.Mapping, proc: int) -> bool:
-    w = Writer()
-    portmap.pack_mapping(w, m)
-    r = await call(host, port, portmap.PROGRAM, portmap.VERSION, proc, w.getvalue())
-    return portmap.unpack_bool(r)
+    return await call_once(
+        host,
+        port,
+        portmap.PROGRAM,
+        portmap.VERSION,
+        proc,
+        portmap.pack_mapping,
+        m,
+        portmap.unpack_bool,
+        cred=CRED,
+        timeout_s=TIMEOUT_S,
+    )
 
 
 async def set_mapping(host: str, port: int, m: portmap.Mapping) -> bool:
@@ -59,9 +44,17 @@ async def unset_mapping(host: str, port: int, m: portmap.Mapping) -> bool:
 
 
 async def getport(host: str, port: int, prog: int, vers: int) -> int:
-    w = Writer()
-    portmap.pack_mapping(w, portmap.Mapping(prog, vers, portmap.IPPROTO_TCP, 0))
-    r = await call(
-        host, port, portmap.PROGRAM, portmap.VERSION, portmap.PmapProc.GETPORT, w.getvalue()
+    """The TCP port of (prog, vers) registered with the portmapper at ``host:port`` (0: not
+    registered)."""
+    return await call_once(
+        host,
+        port,
+        portmap.PROGRAM,
+        portmap.VERSION,
+        portmap.PmapProc.GETPORT,
+        portmap.pack_mapping,
+        portmap.Mapping(prog, vers, portmap.IPPROTO_TCP, 0),
+        portmap.unpack_port,
+        cred=CRED,
+        timeout_s=TIMEOUT_S,
     )
-    return portmap.unpack_port(r)

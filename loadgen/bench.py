@@ -231,7 +231,7 @@ class GatewayProcess:
             str(self.work_dir / f"{self.name}-state"),
             "--read-only",
             "--immutable",
-            "--metrics-listen",
+            "--admin-listen",
             "127.0.0.1:0",
             "--log-format",
             "json",

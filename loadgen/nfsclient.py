@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from loadgen.rpcclient import RpcClient, RpcError
-from nfsproto import mount3, nfs3, portmap, rpc
+from gateway.pmap_client import getport
+from gateway.rpcclient import RpcClient
+from nfsproto import mount3, nfs3, rpc
+from nfsproto.client import RpcError
 from nfsproto.nfs3 import NfsStat3
 from nfsproto.xdr import Buffer, Reader, Writer
 
@@ -94,22 +96,6 @@ class NfsUrl:
         return f"nfs://{self.host}{port}{self.export}{q}"
 
 
-async def getport(host: str, prog: int, vers: int, *, pmap_port: int = PMAP_PORT) -> int:
-    """The TCP port of (prog, vers) from the portmapper (0 if not registered)."""
-    c = await RpcClient.connect(host, pmap_port, cred=rpc.NULL_AUTH)
-    try:
-        return await c.call(
-            portmap.PROGRAM,
-            portmap.VERSION,
-            portmap.PmapProc.GETPORT,
-            portmap.pack_mapping,
-            portmap.Mapping(prog, vers, portmap.IPPROTO_TCP, 0),
-            portmap.unpack_port,
-        )
-    finally:
-        await c.close()
-
-
 class NfsClient:
     """A mounted export. Create with ``await NfsClient.connect(url)``; ``root`` is the export's
     root handle; ``counts`` holds the calls made per procedure name."""
@@ -149,14 +135,14 @@ class NfsClient:
         async with asyncio.timeout(timeout_s):
             port = u.port
             if port is None:
-                port = await getport(u.host, nfs3.PROGRAM, nfs3.VERSION)
+                port = await getport(u.host, PMAP_PORT, nfs3.PROGRAM, nfs3.VERSION)
                 if not port:
                     raise ConnectionError(f"{u.host}: NFSv3 over TCP is not registered")
             mport = u.mount_port
             if mport is None:
                 mport = port if u.port is not None else None
             if mport is None:
-                mport = await getport(u.host, mount3.PROGRAM, mount3.VERSION)
+                mport = await getport(u.host, PMAP_PORT, mount3.PROGRAM, mount3.VERSION)
                 if not mport:
                     raise ConnectionError(f"{u.host}: MOUNTv3 over TCP is not registered")
             mc = await RpcClient.connect(u.host, mport, cred=cred)

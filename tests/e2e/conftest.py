@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from loadgen.seaweed import SeaweedServer
 from tests.e2e.guest import Guest, GuestImage, ImageUnavailable, qemu_binary
 from tests.e2e.tree import Tree, bucket_with, make_tree
-from tests.seaweed import SeaweedServer
 
 
 @pytest.fixture(scope="session")

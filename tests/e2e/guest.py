@@ -25,7 +25,8 @@ It is rebuilt when the kernel package ``linux-image-amd64`` resolves to changes.
 A run
 -----
 ``Guest(image).start(script, ...)`` appends a second, uncompressed cpio to the initramfs with
-``/job/run.sh`` (the script) and ``/job/env`` (``NFS_PORT`` and the mount options), boots
+``/job/run.sh`` (the script), ``/job/env`` (``NFS_PORT`` and the mount options) and the run's
+``files`` (more scripts, data known to the host) under ``/job/``, boots
 QEMU with user networking (the guest's 10.0.2.2 is this host's 127.0.0.1, so gateways listen on
 127.0.0.1 only), and returns a ``GuestRun``. The script's stdout and stderr go to the guest's
 second serial port, a file here that can be read while the guest runs (``GuestRun.output``);
@@ -465,11 +466,15 @@ class GuestRun:
         self.wait()
 
 
-def _job_archive(script: str, env: Mapping[str, str]) -> bytes:
+def _job_archive(script: str, env: Mapping[str, str], files: Mapping[str, bytes]) -> bytes:
     c = Cpio()
     c.file("job/run.sh", script.encode(), 0o755)
     lines = "".join(f"{k}='{v}'\nexport {k}\n" for k, v in env.items())
     c.file("job/env", lines.encode())
+    for name, data in files.items():
+        if "/" in name or name in ("run.sh", "env", "lib.sh"):
+            raise ValueError(f"job file name {name!r}: a plain name other than run.sh/env/lib.sh")
+        c.file(f"job/{name}", data, 0o755)
     return c.finish()
 
 
@@ -494,16 +499,20 @@ class Guest:
         timeo_ds: int = 50,
         retrans: int = 4,
         env: Mapping[str, str] | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> GuestRun:
         """Boot a guest running ``script`` (``sh``) against gateways on ``nfs_port``.
         ``timeo_ds``/``retrans``: the soft mounts' timeout (tenths of a second) and
-        retransmissions before a call fails with EIO."""
+        retransmissions before a call fails with EIO; ``files``: name -> bytes, put in
+        ``/job/``."""
         work = Path(tempfile.mkdtemp(prefix="nfsgw-e2e-"))
         opts = (
             f"vers=3,proto=tcp,mountproto=tcp,nolock,port={nfs_port},mountport={nfs_port},"
             f"addr=10.0.2.2,soft,timeo={timeo_ds},retrans={retrans}"
         )
-        job = _job_archive(script, {"NFS_PORT": str(nfs_port), "NFS_OPTS": opts, **(env or {})})
+        job = _job_archive(
+            script, {"NFS_PORT": str(nfs_port), "NFS_OPTS": opts, **(env or {})}, files or {}
+        )
         initrd = work / "initrd"
         base = self.image.initramfs.read_bytes()
         with initrd.open("wb") as f:
@@ -555,6 +564,7 @@ class Guest:
         timeo_ds: int = 50,
         retrans: int = 4,
         env: Mapping[str, str] | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> GuestResult:
         with self.start(
             script,
@@ -563,5 +573,6 @@ class Guest:
             timeo_ds=timeo_ds,
             retrans=retrans,
             env=env,
+            files=files,
         ) as g:
             return g.wait()

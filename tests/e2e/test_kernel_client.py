@@ -33,13 +33,13 @@ from pathlib import Path
 import pytest
 
 from gateway.backend.s3 import S3Store
-from gateway.ops.config import ExportConfig
+from gateway.exports import ExportConfig
+from loadgen.seaweed import SeaweedServer
 from tests.e2e.guest import Guest, GuestResult
 from tests.e2e.tree import MiB, Tree, md5
 from tests.faultproxy import FaultProxy, Rule
 from tests.gwharness import GatewayThread, LoopThread
 from tests.reliability.gwproc import GatewayProcess
-from tests.seaweed import SeaweedServer
 
 pytestmark = [pytest.mark.s3, pytest.mark.kclient]
 
@@ -112,7 +112,7 @@ def read_run(
         [export],
         state_dir=tmp_path_factory.mktemp("e2e-read"),
         s3=seaweed.store_kwargs(),
-        small_file_max=SMALL_FILE_MAX,
+        cache_small_file_max=SMALL_FILE_MAX,
     ) as gw:
         r = guest.run(READ_SCRIPT, nfs_port=gw.port, timeout_s=RUN_TIMEOUT_S)
         yield r, gw.backend_counts(), gw.call_counts()
@@ -330,7 +330,7 @@ def test_write_phases_squash_and_denied(
         ),
     ]
     with GatewayThread(
-        exports, state_dir=tmp_path / "state", s3=seaweed.store_kwargs(), write_part_size=5 * MiB
+        exports, state_dir=tmp_path / "state", s3=seaweed.store_kwargs(), writes_part_size=5 * MiB
     ) as gw:
         r = guest.run(WRITE_SCRIPT, nfs_port=gw.port, timeout_s=RUN_TIMEOUT_S)
         calls = gw.call_counts()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from gateway.backend.base import ObjectStore
 from gateway.backend.s3 import S3Store
-from tests.seaweed import SeaweedServer
+from loadgen.seaweed import SeaweedServer
 
 __all__ = ["Tree", "bucket_with", "make_tree", "md5", "upload_tree"]
 

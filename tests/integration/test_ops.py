@@ -177,13 +177,13 @@ def test_service_life_metrics_reload_and_logs(gateway: Gateway) -> None:
     gateway.manager.wait_for("WATCHDOG")
     assert json.loads(gateway.http("/readyz")) == {"ready": True, "backends": {"/data": "ok"}}
 
-    before = gateway.ops.metrics()
+    before = gateway.metrics()
     with LibNfs(gateway.url("/data")) as nfs:
         for c in range(CLASSES):
             for i in range(PER_CLASS):
                 data = nfs.read_file(f"/train/c{c}/img{i}.jpg")
                 assert data == bytes([c, i]) * (500 + i)
-        after = gateway.ops.metrics()
+        after = gateway.metrics()
 
         def moved(name: str, **lb: str) -> float:
             return _get(after, name, **lb) - _get(before, name, **lb)
@@ -221,7 +221,7 @@ def test_service_life_metrics_reload_and_logs(gateway: Gateway) -> None:
         gateway.manager.wait_for("RELOADING")
         gateway.manager.wait_for("READY")
         assert nfs.read_file("/train/c1/img1.jpg") == bytes([1, 1]) * 501
-        m = gateway.ops.metrics()
+        m = gateway.metrics()
         # only the /more client's connections are new (libnfs: MOUNT, NFS, and UMNT when the
         # context is destroyed): the first NFS connection was kept through both reloads
         opened = _get(m, "nfsgw_connections_opened_total")

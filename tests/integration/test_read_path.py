@@ -31,7 +31,9 @@ import pytest
 
 from gateway.backend.base import ObjectStore
 from gateway.backend.s3 import S3Store
-from gateway.ops.config import ExportConfig
+from gateway.exports import ExportConfig
+from loadgen.proxy import DelayProxy
+from loadgen.seaweed import SeaweedServer
 from nfsproto import mount3, nfs3
 from nfsproto.nfs3 import (
     Diropargs3,
@@ -47,8 +49,6 @@ from nfsproto.rpc import AcceptStat
 from tests.datasets import Dataset, Expected, SpyStore, build_imagefolder, md5, upload
 from tests.gwharness import GatewayThread, LoopThread, OffsetClock, RawRpc, delta
 from tests.libnfs import NF3DIR, NF3REG, SEEK_CUR, SEEK_END, SEEK_SET, LibNfs, libnfs_available
-from tests.s3proxy import CountingProxy
-from tests.seaweed import SeaweedServer
 
 pytestmark = [
     pytest.mark.s3,
@@ -92,11 +92,11 @@ def bucket(seaweed: SeaweedServer, dataset: Dataset) -> Iterator[str]:
 
 
 class Proxy:
-    """A ``CountingProxy`` on its own loop thread (neither the gateway's nor the test's)."""
+    """A counting ``DelayProxy`` on its own loop thread (neither the gateway's nor the test's)."""
 
     def __init__(self, upstream: str) -> None:
         self.loop = LoopThread("s3proxy").start()
-        self.proxy = CountingProxy(upstream)
+        self.proxy = DelayProxy(upstream)
         self.loop.run(self.proxy.start())
 
     @property

@@ -32,8 +32,9 @@ import pytest
 
 from gateway.backend.base import ObjectNotFound
 from gateway.backend.s3 import S3Store
-from gateway.ops.config import ExportConfig
+from gateway.exports import ExportConfig
 from gateway.ops.server import free_port
+from loadgen.seaweed import SeaweedServer
 from nfsproto import nfs3
 from nfsproto.nfs3 import (
     CreateHow3,
@@ -46,7 +47,6 @@ from nfsproto.nfs3 import (
 )
 from tests.gwharness import GatewayThread, RawRpc, delta
 from tests.libnfs import NF3DIR, NF3LNK, NF3REG, LibNfs, libnfs_available, load_libnfs
-from tests.seaweed import SeaweedServer
 
 pytestmark = [
     pytest.mark.s3,
@@ -182,8 +182,8 @@ def gw(seaweed: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[GatewayT
         exports,
         state_dir=tmp_path / "state",
         s3=seaweed.store_kwargs(),
-        write_part_size=PART,
-        write_flush_idle_s=0.0,
+        writes_part_size=PART,
+        writes_flush_idle_s=0.0,
     ) as g:
         yield g
 
@@ -363,7 +363,8 @@ _GATEWAY_MAIN = textwrap.dedent(
     import asyncio, json, signal, sys
     from pathlib import Path
     from gateway.backend import open_store
-    from gateway.ops.config import ExportConfig, ServerConfig
+    from gateway.exports import ExportConfig
+    from gateway.ops.config import ServerConfig
     from gateway.ops.server import Server
 
     a = json.loads(sys.argv[1])
@@ -372,10 +373,10 @@ _GATEWAY_MAIN = textwrap.dedent(
         return open_store(ec.backend, observer=observer, addressing_style="path", **a["s3"])
 
     async def main():
-        cfg = ServerConfig(
-            listen="127.0.0.1", port=a["port"], state_dir=Path(a["state"]), uvloop=False,
-            exports=(ExportConfig("/data", a["backend"], squash="none"),),
-            write_part_size=5 << 20, write_flush_idle_s=0.0,
+        cfg = ServerConfig.of(
+            (ExportConfig("/data", a["backend"], squash="none"),),
+            server_listen="127.0.0.1", server_port=a["port"], server_state_dir=Path(a["state"]),
+            server_uvloop=False, writes_part_size=5 << 20, writes_flush_idle_s=0.0,
         )
         server = Server(cfg, store_factory=factory)
         await server.start()

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from loadgen.seaweed import SeaweedServer
 from tests.e2e.tree import Tree, bucket_with, make_tree
-from tests.seaweed import SeaweedServer
 
 
 @pytest.fixture(scope="session")

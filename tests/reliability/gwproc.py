@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Any
 
 from gateway.ops.server import free_port
-from tests.seaweed import SeaweedServer
+from loadgen.seaweed import SeaweedServer
 
 __all__ = ["GatewayProcess", "toml"]
 

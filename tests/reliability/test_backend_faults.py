@@ -27,13 +27,13 @@ from pathlib import Path
 
 import pytest
 
+from loadgen.seaweed import SeaweedServer
 from nfsproto import nfs3
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3, StableHow
 from tests.e2e.tree import Tree, md5
 from tests.faultproxy import FAULTS, FaultProxy, Rule
 from tests.gwharness import LoopThread, RawRpc
 from tests.reliability.gwproc import GatewayProcess
-from tests.seaweed import SeaweedServer
 
 pytestmark = [pytest.mark.s3]
 

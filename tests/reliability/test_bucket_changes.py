@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 
-from gateway.ops.config import ExportConfig
+from gateway.exports import ExportConfig
+from loadgen.seaweed import SeaweedServer
 from nfsproto import nfs3
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3
 from tests.gwharness import GatewayThread, OffsetClock, RawRpc
-from tests.seaweed import SeaweedServer
 
 pytestmark = [pytest.mark.s3]
 
@@ -104,7 +104,7 @@ def env(seaweed: SeaweedServer, tmp_path: Path) -> Iterator[Env]:
             state_dir=tmp_path / "state",
             s3=seaweed.store_kwargs(),
             clock=clock,
-            small_file_max=MiB,  # 4 MiB objects are read in 1 MiB blocks
+            cache_small_file_max=MiB,  # 4 MiB objects are read in 1 MiB blocks
         ) as gw:
             e = Env(gw, clock, seaweed.boto3_client(), bucket)
             try:

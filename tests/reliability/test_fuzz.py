@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.dispatch import CallObserver
-from gateway.ops.config import ExportConfig
+from gateway.exports import ExportConfig
 from gateway.ops.server import Server
 from gateway.transport import ConnectionStats, Peer, RpcConnection, TransportLimits
 from nfsproto import mount3, nfs3, rpc

@@ -23,13 +23,13 @@ import pytest
 
 from loadgen.dataset import Manifest, ManifestEntry
 from loadgen.nfsclient import NfsClient
+from loadgen.seaweed import SeaweedServer
 from loadgen.workload import Node, WorkloadSpec
 from nfsproto import nfs3
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3
 from tests.e2e.tree import LONG_NAME, Tree, md5
 from tests.gwharness import RawRpc
 from tests.reliability.gwproc import GatewayProcess
-from tests.seaweed import SeaweedServer
 
 pytestmark = [pytest.mark.s3]
 

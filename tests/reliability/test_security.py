@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from gateway.ops.config import ExportConfig
+from gateway.exports import ExportConfig
+from loadgen.seaweed import SeaweedServer
 from nfsproto import mount3, nfs3, rpc
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3
 from nfsproto.rpc import AcceptStat, AuthStat, RejectStat
@@ -35,7 +36,6 @@ from nfsproto.xdr import Writer
 from tests.e2e.tree import LONG_NAME, Tree
 from tests.gwharness import GatewayThread, RawRpc
 from tests.reliability.rpcfuzz import credential_cases
-from tests.seaweed import SeaweedServer
 
 pytestmark = [pytest.mark.s3]
 
@@ -183,7 +183,7 @@ def test_foreign_handles(
         for proc, args in _handle_calls(fh):
             assert env.rpc.nfs(proc, args).status == BADHANDLE, proc.name
     # same secret (copied state directory), an export path this gateway does not have
-    state = env.gw.config.state_dir
+    state = env.gw.config.server.state_dir
     with (
         GatewayThread(
             [ExportConfig("/elsewhere", backend, read_only=True)],

@@ -33,9 +33,9 @@ import psutil
 import pytest
 
 from loadgen.dataset import DatasetSpec, make_dataset
+from loadgen.seaweed import SeaweedServer
 from loadgen.workload import NodeGroup, WorkloadSpec
 from tests.reliability.gwproc import GatewayProcess
-from tests.seaweed import SeaweedServer
 
 pytestmark = [pytest.mark.s3]
 

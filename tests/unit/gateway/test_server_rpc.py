@@ -13,9 +13,10 @@ import pytest
 
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.backend.memory import MemoryStore
-from gateway.ops.config import ExportConfig, ServerConfig
+from gateway.exports import ExportConfig
+from gateway.ops.config import ServerConfig
 from gateway.ops.server import Server
-from loadgen.rpcclient import RpcClient
+from gateway.rpcclient import RpcClient
 from nfsproto import mount3, nfs3, portmap, rpc
 from nfsproto.nfs3 import Nfs3Proc, NfsStat3
 from nfsproto.rpc import AcceptStat, AuthStat, ReplyStat
@@ -55,14 +56,14 @@ async def _env(tmp_path: Path, store: MemoryStore, **kw: object) -> AsyncIterato
         ExportConfig("/data", "s3://bucket/ds/", read_only=True),
         ExportConfig("/other", "s3://bucket/other/"),
     )
-    cfg = ServerConfig(
-        listen="127.0.0.1",
-        port=0,
-        state_dir=tmp_path / "state",
-        exports=exports,
+    cfg = ServerConfig.of(
+        exports,
+        server_listen="127.0.0.1",
+        server_port=0,
+        server_state_dir=tmp_path / "state",
         cache_memory=64 << 20,
         **kw,
-    )  # type: ignore[arg-type]
+    )
 
     def factory(ec: ExportConfig, obs: RequestObserver) -> ObjectStore:
         store.observer = obs
@@ -272,7 +273,7 @@ async def test_replies_out_of_order_and_inflight_bound(tmp_path: Path) -> None:
     store.seed("ds/slow.bin", b"s" * 100)
     for i in range(40):
         store.seed(f"ds/f{i}", b"x")
-    async with _env(tmp_path, store, max_inflight_per_conn=4) as env:
+    async with _env(tmp_path, store, server_max_inflight_per_conn=4) as env:
         c = await env.client()
         root = await env.mount(c)
         lk = await env.nfs(c, Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(root, b"slow.bin")))
@@ -322,7 +323,7 @@ async def test_replies_out_of_order_and_inflight_bound(tmp_path: Path) -> None:
 async def test_oversized_record_closes_only_that_connection(env: Env) -> None:
     good = await env.client()
     bad = await env.client()
-    bad.send_raw(rpc.record_header(env.server.config.max_record + 1))
+    bad.send_raw(rpc.record_header(env.server.config.server.transport.max_record + 1))
     for _ in range(50):
         if bad.closed:
             break

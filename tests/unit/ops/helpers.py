@@ -18,10 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.backend.memory import MemoryStore
 from gateway.clock import Clock
-from gateway.ops.config import AdminConfig, ExportConfig, ServerConfig
+from gateway.exports import ExportConfig
+from gateway.ops.config import AdminConfig, ServerConfig
 from gateway.ops.server import Server
 from gateway.ops.systemd import Notifier
-from loadgen.rpcclient import RpcClient
+from gateway.rpcclient import RpcClient
 from nfsproto import mount3, nfs3, rpc
 from nfsproto.nfs3 import Nfs3Proc
 
@@ -59,12 +60,12 @@ class Stores:
 
 def make_config(tmp_path: Path, exports: Sequence[ExportConfig], **kw: Any) -> ServerConfig:
     kw.setdefault("cache_memory", 64 << 20)
-    return ServerConfig(
-        listen="127.0.0.1",
-        port=0,
-        state_dir=tmp_path / "state",
-        exports=tuple(exports),
-        uvloop=False,
+    return ServerConfig.of(
+        exports,
+        server_listen="127.0.0.1",
+        server_port=0,
+        server_state_dir=tmp_path / "state",
+        server_uvloop=False,
         **kw,
     )
 

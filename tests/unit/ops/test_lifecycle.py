@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from gateway.backend.memory import MemoryStore
-from gateway.ops.config import ExportConfig, load_config
+from gateway.exports import ExportConfig
+from gateway.ops.configfile import load_config
 from nfsproto import mount3
 from nfsproto.nfs3 import NfsStat3
 from tests.unit.ops.helpers import Client, Stores, make_config, running
@@ -150,7 +151,7 @@ async def test_reload_from_the_file(tmp_path: Path) -> None:
         )
         port = server.port
         assert await server.reload()
-        assert server.port == port and server.config.port == 0
+        assert server.port == port and server.config.server.port == 0
         assert sorted(server.gateway.by_path) == ["/data"]
         assert (await c.getattr(more)).status == NfsStat3.NFS3ERR_STALE
         assert (await c.getattr(root)).status == OK
@@ -178,7 +179,7 @@ async def test_signals(tmp_path: Path) -> None:
 
 
 async def test_connection_limit(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, [ExportConfig("/data", "s3://b/d/")], max_connections=2)
+    cfg = make_config(tmp_path, [ExportConfig("/data", "s3://b/d/")], server_max_connections=2)
     async with running(cfg, Stores({"/data": {"d/f": b"1"}})) as server:
         a = await Client.connect(server.port)
         b = await Client.connect(server.port)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import structlog
 
+from gateway.exports import ExportConfig
 from gateway.ops import logs
-from gateway.ops.config import ExportConfig
 from nfsproto import mount3, nfs3, rpc
 from nfsproto.nfs3 import Nfs3Proc, NfsStat3
 from tests.unit.ops.helpers import Client, Stores, cred, make_config, running

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.ops.config import ExportConfig
+from gateway.exports import ExportConfig
 from gateway.ops.systemd import Notifier
 from tests.unit.ops.helpers import Stores, make_config, running
 

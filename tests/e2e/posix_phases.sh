@@ -1,17 +1,16 @@
 #!/bin/sh
-# Guest-side check of the write path with the Linux NFS client (run by test_write_kclient.py
-# through kclient-run, in the mounted export, as root, with the host's coreutils).
-# The same phases as ../shared/tools/kclient/phases.sh, each checked against what a local
-# file system does; one line per phase: "PHASE <name> ok" or "PHASE <name> FAIL <why>".
-# Between phases the page cache is dropped, so reads go to the server.
+# Guest-side check of the write path with the Linux NFS client (run by test_posix_phases.py in
+# the guest, in the mounted export, as root, with busybox). The same phases as phases.sh, each
+# checked against what a local file system does; one line per phase: "PHASE <name> ok" or
+# "PHASE <name> FAIL <why>". Between phases the page cache is dropped, so reads go to the
+# server. /job/pattern.bin is bytes(range(256)) * 16384 (4 MiB), put there by the host.
 # Leaves keep/ (small.txt, big.bin, sym) for the host to compare with the bucket.
 W=.kc_check
 ok() { echo "PHASE $1 ok"; }
 fail() { echo "PHASE $1 FAIL $2"; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-pattern() { python3 -c 'import sys; sys.stdout.buffer.write(bytes(range(256)) * 16384)'; }
 
-pattern > /tmp/big   # 4 MiB, known to the host
+cp /job/pattern.bin /tmp/big   # 4 MiB, known to the host
 
 # mkdir
 if mkdir "$W" && [ -d "$W" ] && mkdir keep; then ok mkdir; else fail mkdir "mkdir"; fi

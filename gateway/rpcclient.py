@@ -1,0 +1,156 @@
+"""The asyncio glue of the RPC client core (``nfsproto.client``): one TCP connection, many
+calls in flight on it, replies matched by xid in any order.
+
+Owns: the connection's stream, the task that reads it and hands the bytes to the core, and
+one future per call. Used by the gateway's rpcbind registration (``pmap_client``), by the
+load generator's NFS client and by tests and benchmarks that talk RPC to a gateway. Must not:
+know any program's procedures (callers pass the codecs) or block the loop; a call has no
+timeout of its own (wrap it in ``asyncio.timeout``; a cancelled call's late reply is dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import TypeVar
+
+from nfsproto import rpc
+from nfsproto.client import RpcClientCore, decode_reply, decode_result
+from nfsproto.xdr import Buffer, Reader, Writer
+
+__all__ = ["RpcClient", "call_once"]
+
+T = TypeVar("T")
+A = TypeVar("A")
+
+READ_CHUNK = 1 << 20
+
+
+class RpcClient:
+    """``await RpcClient.connect(host, port, cred=...)``; ``await c.call(...)`` from as many
+    tasks as you like; ``await c.close()``. A reply that is not SUCCESS raises
+    ``nfsproto.client.RpcError``; a lost connection fails every waiting call with the error
+    that ended it (``ConnectionError`` when the server closed)."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        cred: rpc.OpaqueAuth,
+        max_record: int = 8 << 20,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._core: RpcClientCore[asyncio.Future[Buffer]] = RpcClientCore(
+            cred, max_record=max_record
+        )
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._read_loop())
+        self.closed = False
+
+    @classmethod
+    async def connect(
+        cls, host: str, port: int, *, cred: rpc.OpaqueAuth | None = None, max_record: int = 8 << 20
+    ) -> RpcClient:
+        reader, writer = await asyncio.open_connection(host, port, limit=READ_CHUNK)
+        return cls(reader, writer, cred or rpc.auth_sys(0, 0, [0], b"nfsgw-client"), max_record)
+
+    @property
+    def cred(self) -> rpc.OpaqueAuth:
+        """The credential of calls that do not pass their own."""
+        return self._core.cred
+
+    @cred.setter
+    def cred(self, cred: rpc.OpaqueAuth) -> None:
+        self._core.cred = cred
+
+    async def _read_loop(self) -> None:
+        err: BaseException = ConnectionError("connection closed")
+        core = self._core
+        try:
+            while data := await self._reader.read(READ_CHUNK):
+                for fut, rec in core.receive(data):
+                    if not fut.done():
+                        fut.set_result(rec)
+        except (OSError, rpc.RecordError) as e:
+            err = e
+        finally:
+            self.closed = True
+            for fut in core.close():
+                if not fut.done():
+                    fut.set_exception(err)
+
+    async def _roundtrip(
+        self,
+        prog: int,
+        vers: int,
+        proc: int,
+        pack_args: Callable[[Writer, A], None],
+        args: A,
+        cred: rpc.OpaqueAuth | None,
+    ) -> Buffer:
+        if self.closed:
+            raise ConnectionError("connection closed")
+        fut: asyncio.Future[Buffer] = self._loop.create_future()
+        xid, out = self._core.call(fut, prog, vers, proc, pack_args, args, cred)
+        self._writer.writelines(out)
+        try:
+            return await fut
+        finally:
+            self._core.forget(xid)
+
+    def send_raw(self, data: bytes) -> None:
+        """Write bytes as they are (for malformed-input tests)."""
+        self._writer.write(data)
+
+    async def call_raw(
+        self, prog: int, vers: int, proc: int, args: Buffer, cred: rpc.OpaqueAuth | None = None
+    ) -> tuple[rpc.ReplyHeader, Reader]:
+        """One call with encoded ``args``; the reply header and a Reader at what follows it,
+        whatever the accept/reject status."""
+        return decode_reply(await self._roundtrip(prog, vers, proc, Writer.raw, args, cred))
+
+    async def call(
+        self,
+        prog: int,
+        vers: int,
+        proc: int,
+        pack_args: Callable[[Writer, A], None],
+        args: A,
+        unpack_res: Callable[[Reader], T],
+        cred: rpc.OpaqueAuth | None = None,
+    ) -> T:
+        """A call that must succeed at the RPC level (``RpcError`` otherwise)."""
+        rec = await self._roundtrip(prog, vers, proc, pack_args, args, cred)
+        return decode_result(rec, unpack_res)
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+async def call_once(
+    host: str,
+    port: int,
+    prog: int,
+    vers: int,
+    proc: int,
+    pack_args: Callable[[Writer, A], None],
+    args: A,
+    unpack_res: Callable[[Reader], T],
+    *,
+    cred: rpc.OpaqueAuth,
+    timeout_s: float,
+) -> T:
+    """Connect, make one call, close; the whole bounded by ``timeout_s`` (``TimeoutError``)."""
+    async with asyncio.timeout(timeout_s):
+        c = await RpcClient.connect(host, port, cred=cred, max_record=1 << 20)
+        try:
+            return await c.call(prog, vers, proc, pack_args, args, unpack_res)
+        finally:
+            await c.close()
