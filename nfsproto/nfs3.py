@@ -4,7 +4,14 @@ Owns: the wire form of NFS program 100003 version 3 -- one ``<Proc>3Args`` and o
 ``<Proc>3Res`` dataclass per procedure, ``pack_<t>(w, v)`` / ``unpack_<t>(r)`` for both (so a
 server and a client share them), the ``PROCS`` dispatch table and the exact ``size_*`` helpers
 a server needs to fill READDIR/READDIRPLUS replies. Must not: do I/O, read clocks, or import
-anything outside nfsproto.
+anything outside nfsproto; re-implement an XDR primitive (opaques, strings, booleans, padding,
+enum lookup are ``nfsproto.xdr``'s).
+
+One module although it is long: it is one coherent thing, the RFC 1813 §2-§3 XDR definitions
+in RFC order, one section per procedure (types next to their codecs), over one set of shared
+layouts (fattr3, wcc_data, sattr3). Every importer reads it as ``nfs3.<RFC name>``; a split by
+procedure group would give the shared layouts a module of their own and the importers three
+modules to know for one program.
 
 Conventions:
 
@@ -15,10 +22,17 @@ Conventions:
   the arm selected by ``status`` and the unpacker leaves the ok-only fields at their defaults.
 - ``post_op_attr`` is ``Fattr3 | None``, ``pre_op_attr`` is ``WccAttr | None``,
   ``post_op_fh3`` is ``bytes | None``, ``sattrguard3`` is ``NfsTime3 | None``.
+- Fixed-layout parts (fattr3, post_op_attr, wcc_data, sattr3, post_op_fh3) are encoded by
+  ``_<t>(v) -> bytes`` so a reply is concatenated and handed to the Writer in one ``raw`` call;
+  each has exactly one encoder.
+- ``PROCS`` is derived from the names: procedure ``P`` is ``P3Args``/``P3Res`` with
+  ``pack_``/``unpack_`` + ``p3args``/``p3res`` (``Nfs3Proc.READDIRPLUS``: ``Readdirplus3Args``,
+  ``pack_readdirplus3args``...).
 - ``unpack_*`` raise only ``XdrError`` (short input, over-limit lengths, unknown enum values,
   bad booleans, non-zero padding). ``pack_*`` raise ``XdrError`` for values that have no wire
-  form (a 65-byte handle, a 7-byte verifier, a missing union arm); integers out of range for
-  their XDR type surface as ``struct.error`` from the packer.
+  form (a 65-byte handle, a 7-byte verifier, a missing union arm), possibly after writing part
+  of the message (the caller discards that Writer); integers out of range for their XDR type
+  surface as ``struct.error`` from the packer.
 """
 
 from __future__ import annotations
@@ -27,9 +41,20 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Final, Generic, TypeAlias, TypeVar
+from typing import Final, TypeAlias, TypeVar
 
-from nfsproto.xdr import U32, U64, Buffer, Reader, Writer, XdrError
+from nfsproto.xdr import (
+    U32,
+    XDR_FALSE,
+    XDR_TRUE,
+    Buffer,
+    Reader,
+    Writer,
+    XdrError,
+    as_bool,
+    member,
+    pad4,
+)
 
 PROGRAM: Final = 100003
 VERSION: Final = 3
@@ -165,36 +190,33 @@ _OK: Final = NfsStat3.NFS3_OK
 _ZERO8: Final = b"\0" * 8
 
 # --------------------------------------------------------------------------------------------
-# Fixed layouts. One precompiled Struct per layout; hot types are fused with the word before
-# them (status or "value follows") so that a GETATTR reply or a READDIRPLUS entry costs one or
-# two struct.pack calls instead of one Writer call per field.
+# Fixed layouts: one precompiled Struct per layout (a fused fattr3 packs ~16x and unpacks ~28x
+# faster than per-field calls).
 
 # fattr3: type mode nlink uid gid (5I) | size used (2Q) | rdev (2I) | fsid fileid (2Q) |
 # atime mtime ctime (6I)
-_FATTR3_FMT: Final = "5I2Q2I2Q6I"
-_FATTR3: Final = struct.Struct(">" + _FATTR3_FMT)  # RFC 1813 fattr3, 84 bytes
-_U32_FATTR3: Final = struct.Struct(">I" + _FATTR3_FMT)  # (status | follows) + fattr3
+_FATTR3: Final = struct.Struct(">5I2Q2I2Q6I")  # RFC 1813 fattr3, 84 bytes
 _WCC_ATTR: Final = struct.Struct(">Q4I")  # RFC 1813 wcc_attr: size, mtime, ctime
-_U32_WCC_ATTR: Final = struct.Struct(">IQ4I")  # pre_op_attr with attributes
 _U32_2: Final = struct.Struct(">II")  # nfstime3, specdata3, (bool, u32) pairs
 _U32_3: Final = struct.Struct(">III")
 _U32_Q: Final = struct.Struct(">IQ")  # set_size3 with a size
-_Q_U32: Final = struct.Struct(">QI")  # cookie3 + following bool
-_U32_Q_U32: Final = struct.Struct(">IQI")  # entry head: follows, fileid, name length
+_Q_U32: Final = struct.Struct(">QI")  # offset3 + count3, cookie3 + following bool
 _Q_2U32: Final = struct.Struct(">QII")  # offset3 count3 stable_how
-_Q_U32_FATTR3: Final = struct.Struct(">QI" + _FATTR3_FMT)  # cookie + post_op_attr present
-_READDIR3ARGS_TAIL: Final = struct.Struct(">Q8sI")  # cookie, cookieverf, count (pack only)
-_READDIRPLUS3ARGS_TAIL: Final = struct.Struct(">Q8sII")  # (pack only)
 _FSSTAT3_OK: Final = struct.Struct(">6QI")
 _FSINFO3_OK: Final = struct.Struct(">7IQ3I")
 _PATHCONF3_OK: Final = struct.Struct(">6I")
-_WRITE3_OK: Final = struct.Struct(">II8s")  # count, committed, verf (pack only)
+
+# Variable layouts fused per padded length, indexed by (length + 3) >> 2; "s" zero-fills the
+# padding. A READDIRPLUS entry then costs three struct.pack calls (head, fattr3, handle)
+# instead of ten Writer calls or appends (measured: ~10 % faster than the per-part appends).
+# entry3: value follows, fileid3, filename3, cookie3
+_ENTRY3: Final = tuple(struct.Struct(f">IQI{k}sQ") for k in range(0, pad4(MAX_NAME) + 1, 4))
+# entryplus3 up to its fattr3: the same, then "attributes follow"
+_ENTRYPLUS3: Final = tuple(struct.Struct(f">IQI{k}sQI") for k in range(0, pad4(MAX_NAME) + 1, 4))
+# post_op_fh3 with a handle: handle follows, nfs_fh3
+_POST_OP_FH3: Final = tuple(struct.Struct(f">II{k}s") for k in range(0, NFS3_FHSIZE + 1, 4))
 
 FATTR3_SIZE: Final = _FATTR3.size
-
-_FALSE: Final = b"\0\0\0\0"
-_TRUE: Final = b"\0\0\0\1"
-_PADS: Final = (b"", b"\0\0\0", b"\0\0", b"\0")
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,40 +296,9 @@ class Diropargs3:
     name: bytes
 
 
-def _pad(n: int) -> bytes:
-    return _PADS[n & 3]
-
-
-def _check_verf(v: bytes, what: str) -> None:
-    if len(v) != 8:
-        raise XdrError(f"{what} must be 8 bytes, got {len(v)}")
-
-
-def _status(r: Reader) -> NfsStat3:
-    v = r.u32()
-    s = _NFSSTAT3.get(v)
-    if s is None:
-        raise XdrError(f"unknown nfsstat3 value {v}")
-    return s
-
-
-def _bool(v: int) -> bool:
-    if v > 1:
-        raise XdrError(f"bad bool value {v}")
-    return v == 1
-
-
-def pack_nfstime3(w: Writer, v: NfsTime3) -> None:
-    w.raw(_U32_2.pack(v.seconds, v.nseconds))
-
-
 def unpack_nfstime3(r: Reader) -> NfsTime3:
     s, ns = r.take(_U32_2)
     return NfsTime3(s, ns)
-
-
-def pack_specdata3(w: Writer, v: Specdata3) -> None:
-    w.raw(_U32_2.pack(v.specdata1, v.specdata2))
 
 
 def unpack_specdata3(r: Reader) -> Specdata3:
@@ -315,49 +306,24 @@ def unpack_specdata3(r: Reader) -> Specdata3:
     return Specdata3(a, b)
 
 
-def pack_nfs_fh3(w: Writer, v: bytes) -> None:
-    w.opaque(v, NFS3_FHSIZE)
-
-
-def unpack_nfs_fh3(r: Reader) -> bytes:
-    return r.opaque_bytes(NFS3_FHSIZE)
-
-
-def pack_filename3(w: Writer, v: bytes) -> None:
-    w.opaque(v, MAX_NAME)
-
-
-def unpack_filename3(r: Reader) -> bytes:
-    return r.string(MAX_NAME)
-
-
-def pack_nfspath3(w: Writer, v: bytes) -> None:
-    w.opaque(v, MAX_PATH)
-
-
-def unpack_nfspath3(r: Reader) -> bytes:
-    return r.string(MAX_PATH)
-
-
-def _u32_fattr3(head: int, a: Fattr3) -> bytes:
-    """``head`` (a status or a "follows" bool) followed by ``a``, in one struct.pack."""
-    rd = a.rdev
-    at = a.atime
-    mt = a.mtime
-    ct = a.ctime
-    return _U32_FATTR3.pack(
-        head,
-        a.type,
-        a.mode,
-        a.nlink,
-        a.uid,
-        a.gid,
-        a.size,
-        a.used,
+def _fattr3(v: Fattr3) -> bytes:
+    """The one fattr3 encoder: GETATTR, every post_op_attr and every READDIRPLUS entry."""
+    rd = v.rdev
+    at = v.atime
+    mt = v.mtime
+    ct = v.ctime
+    return _FATTR3.pack(
+        v.type,
+        v.mode,
+        v.nlink,
+        v.uid,
+        v.gid,
+        v.size,
+        v.used,
         rd.specdata1,
         rd.specdata2,
-        a.fsid,
-        a.fileid,
+        v.fsid,
+        v.fileid,
         at.seconds,
         at.nseconds,
         mt.seconds,
@@ -367,30 +333,32 @@ def _u32_fattr3(head: int, a: Fattr3) -> bytes:
     )
 
 
-def _fattr3_from(
-    t: int,
-    mode: int,
-    nlink: int,
-    uid: int,
-    gid: int,
-    size: int,
-    used: int,
-    sd1: int,
-    sd2: int,
-    fsid: int,
-    fileid: int,
-    a_s: int,
-    a_ns: int,
-    m_s: int,
-    m_ns: int,
-    c_s: int,
-    c_ns: int,
-) -> Fattr3:
-    ft = _FTYPE3.get(t)
-    if ft is None:
-        raise XdrError(f"unknown ftype3 value {t}")
+def pack_fattr3(w: Writer, v: Fattr3) -> None:
+    w.raw(_fattr3(v))
+
+
+def unpack_fattr3(r: Reader) -> Fattr3:
+    (
+        t,
+        mode,
+        nlink,
+        uid,
+        gid,
+        size,
+        used,
+        sd1,
+        sd2,
+        fsid,
+        fileid,
+        a_s,
+        a_ns,
+        m_s,
+        m_ns,
+        c_s,
+        c_ns,
+    ) = r.take(_FATTR3)
     return Fattr3(
-        ft,
+        member(_FTYPE3, t, "ftype3"),
         mode,
         nlink,
         uid,
@@ -406,56 +374,12 @@ def _fattr3_from(
     )
 
 
-def pack_fattr3(w: Writer, v: Fattr3) -> None:
-    rd = v.rdev
-    at = v.atime
-    mt = v.mtime
-    ct = v.ctime
-    w.raw(
-        _FATTR3.pack(
-            v.type,
-            v.mode,
-            v.nlink,
-            v.uid,
-            v.gid,
-            v.size,
-            v.used,
-            rd.specdata1,
-            rd.specdata2,
-            v.fsid,
-            v.fileid,
-            at.seconds,
-            at.nseconds,
-            mt.seconds,
-            mt.nseconds,
-            ct.seconds,
-            ct.nseconds,
-        )
-    )
-
-
-def unpack_fattr3(r: Reader) -> Fattr3:
-    return _fattr3_from(*r.take(_FATTR3))
-
-
 def _post_op_attr(v: Fattr3 | None) -> bytes:
-    return _FALSE if v is None else _u32_fattr3(1, v)
-
-
-def pack_post_op_attr(w: Writer, v: Fattr3 | None) -> None:
-    w.raw(_FALSE if v is None else _u32_fattr3(1, v))
+    return XDR_FALSE if v is None else XDR_TRUE + _fattr3(v)
 
 
 def unpack_post_op_attr(r: Reader) -> Fattr3 | None:
-    if r.optional():
-        return _fattr3_from(*r.take(_FATTR3))
-    return None
-
-
-def pack_wcc_attr(w: Writer, v: WccAttr) -> None:
-    m = v.mtime
-    c = v.ctime
-    w.raw(_WCC_ATTR.pack(v.size, m.seconds, m.nseconds, c.seconds, c.nseconds))
+    return unpack_fattr3(r) if r.optional() else None
 
 
 def unpack_wcc_attr(r: Reader) -> WccAttr:
@@ -465,28 +389,18 @@ def unpack_wcc_attr(r: Reader) -> WccAttr:
 
 def _pre_op_attr(v: WccAttr | None) -> bytes:
     if v is None:
-        return _FALSE
+        return XDR_FALSE
     m = v.mtime
     c = v.ctime
-    return _U32_WCC_ATTR.pack(1, v.size, m.seconds, m.nseconds, c.seconds, c.nseconds)
-
-
-def pack_pre_op_attr(w: Writer, v: WccAttr | None) -> None:
-    w.raw(_pre_op_attr(v))
+    return XDR_TRUE + _WCC_ATTR.pack(v.size, m.seconds, m.nseconds, c.seconds, c.nseconds)
 
 
 def unpack_pre_op_attr(r: Reader) -> WccAttr | None:
-    if r.optional():
-        return unpack_wcc_attr(r)
-    return None
+    return unpack_wcc_attr(r) if r.optional() else None
 
 
 def _wcc_data(v: WccData) -> bytes:
     return _pre_op_attr(v.before) + _post_op_attr(v.after)
-
-
-def pack_wcc_data(w: Writer, v: WccData) -> None:
-    w.raw(_pre_op_attr(v.before) + _post_op_attr(v.after))
 
 
 def unpack_wcc_data(r: Reader) -> WccData:
@@ -494,18 +408,17 @@ def unpack_wcc_data(r: Reader) -> WccData:
     return WccData(before, unpack_post_op_attr(r))
 
 
-def pack_post_op_fh3(w: Writer, v: bytes | None) -> None:
+def _post_op_fh3(v: bytes | None) -> bytes:
     if v is None:
-        w.raw(_FALSE)
-    else:
-        w.raw(_TRUE)
-        w.opaque(v, NFS3_FHSIZE)
+        return XDR_FALSE
+    n = len(v)
+    if n > NFS3_FHSIZE:
+        raise XdrError(f"nfs_fh3 length {n} exceeds limit {NFS3_FHSIZE}")
+    return _POST_OP_FH3[(n + 3) >> 2].pack(1, n, v)
 
 
 def unpack_post_op_fh3(r: Reader) -> bytes | None:
-    if r.optional():
-        return r.opaque_bytes(NFS3_FHSIZE)
-    return None
+    return r.opaque_bytes(NFS3_FHSIZE) if r.optional() else None
 
 
 def _set_time(v: SetTime) -> bytes:
@@ -515,9 +428,7 @@ def _set_time(v: SetTime) -> bytes:
         if t is None:
             raise XdrError("SET_TO_CLIENT_TIME needs a time")
         return _U32_3.pack(how, t.seconds, t.nseconds)
-    if how not in _TIME_HOW:
-        raise XdrError(f"unknown time_how value {how}")
-    return U32.pack(how)
+    return U32.pack(member(_TIME_HOW, how, "time_how"))
 
 
 def _unpack_set_time(r: Reader) -> SetTime:
@@ -527,30 +438,22 @@ def _unpack_set_time(r: Reader) -> SetTime:
     if v == TimeHow.SET_TO_SERVER_TIME:
         return SET_TO_SERVER_TIME
     if v == TimeHow.SET_TO_CLIENT_TIME:
-        s, ns = r.take(_U32_2)
-        return SetTime(TimeHow.SET_TO_CLIENT_TIME, NfsTime3(s, ns))
+        return SetTime(TimeHow.SET_TO_CLIENT_TIME, unpack_nfstime3(r))
     raise XdrError(f"unknown time_how value {v}")
 
 
-def _set_u32(v: int | None) -> bytes:
-    return _FALSE if v is None else _U32_2.pack(1, v)
-
-
 def _sattr3(v: Sattr3) -> bytes:
+    mode, uid, gid, size = v.mode, v.uid, v.gid, v.size
     return b"".join(
         (
-            _set_u32(v.mode),
-            _set_u32(v.uid),
-            _set_u32(v.gid),
-            _FALSE if v.size is None else _U32_Q.pack(1, v.size),
+            XDR_FALSE if mode is None else _U32_2.pack(1, mode),
+            XDR_FALSE if uid is None else _U32_2.pack(1, uid),
+            XDR_FALSE if gid is None else _U32_2.pack(1, gid),
+            XDR_FALSE if size is None else _U32_Q.pack(1, size),
             _set_time(v.atime),
             _set_time(v.mtime),
         )
     )
-
-
-def pack_sattr3(w: Writer, v: Sattr3) -> None:
-    w.raw(_sattr3(v))
 
 
 def unpack_sattr3(r: Reader) -> Sattr3:
@@ -612,15 +515,15 @@ def pack_getattr3res(w: Writer, v: Getattr3Res) -> None:
         a = v.obj_attributes
         if a is None:
             raise XdrError("GETATTR3resok needs obj_attributes")
-        w.raw(_u32_fattr3(0, a))  # status NFS3_OK fused with the fattr3
+        w.raw(XDR_FALSE + _fattr3(a))  # status NFS3_OK is the word 0
     else:
         w.raw(U32.pack(v.status))
 
 
 def unpack_getattr3res(r: Reader) -> Getattr3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     if s == _OK:
-        return Getattr3Res(s, _fattr3_from(*r.take(_FATTR3)))
+        return Getattr3Res(s, unpack_fattr3(r))
     return Getattr3Res(s)
 
 
@@ -644,9 +547,8 @@ class Setattr3Res:
 def pack_setattr3args(w: Writer, v: Setattr3Args) -> None:
     w.opaque(v.object, NFS3_FHSIZE)
     g = v.guard
-    w.raw(
-        _sattr3(v.new_attributes) + (_FALSE if g is None else _U32_3.pack(1, g.seconds, g.nseconds))
-    )
+    guard = XDR_FALSE if g is None else _U32_3.pack(1, g.seconds, g.nseconds)
+    w.raw(_sattr3(v.new_attributes) + guard)
 
 
 def unpack_setattr3args(r: Reader) -> Setattr3Args:
@@ -661,7 +563,7 @@ def pack_setattr3res(w: Writer, v: Setattr3Res) -> None:
 
 
 def unpack_setattr3res(r: Reader) -> Setattr3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     return Setattr3Res(s, unpack_wcc_data(r))
 
 
@@ -692,7 +594,7 @@ def unpack_lookup3args(r: Reader) -> Lookup3Args:
 
 def pack_lookup3res(w: Writer, v: Lookup3Res) -> None:
     if v.status == _OK:
-        w.raw(_FALSE)
+        w.raw(XDR_FALSE)  # status NFS3_OK
         w.opaque(v.object, NFS3_FHSIZE)
         w.raw(_post_op_attr(v.obj_attributes) + _post_op_attr(v.dir_attributes))
     else:
@@ -700,7 +602,7 @@ def pack_lookup3res(w: Writer, v: Lookup3Res) -> None:
 
 
 def unpack_lookup3res(r: Reader) -> Lookup3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     if s == _OK:
         fh = r.opaque_bytes(NFS3_FHSIZE)
         obj = unpack_post_op_attr(r)
@@ -727,7 +629,7 @@ class Access3Res:
 
 def pack_access3args(w: Writer, v: Access3Args) -> None:
     w.opaque(v.object, NFS3_FHSIZE)
-    w.raw(U32.pack(v.access))
+    w.u32(v.access)
 
 
 def unpack_access3args(r: Reader) -> Access3Args:
@@ -743,7 +645,7 @@ def pack_access3res(w: Writer, v: Access3Res) -> None:
 
 
 def unpack_access3res(r: Reader) -> Access3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     attrs = unpack_post_op_attr(r)
     if s == _OK:
         return Access3Res(s, attrs, r.u32())
@@ -777,11 +679,11 @@ def unpack_readlink3args(r: Reader) -> Readlink3Args:
 def pack_readlink3res(w: Writer, v: Readlink3Res) -> None:
     w.raw(U32.pack(v.status) + _post_op_attr(v.symlink_attributes))
     if v.status == _OK:
-        w.opaque(v.data, MAX_PATH)
+        w.string(v.data, MAX_PATH)
 
 
 def unpack_readlink3res(r: Reader) -> Readlink3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     attrs = unpack_post_op_attr(r)
     if s == _OK:
         return Readlink3Res(s, attrs, r.string(MAX_PATH))
@@ -833,12 +735,12 @@ def pack_read3res(w: Writer, v: Read3Res) -> None:
 
 
 def unpack_read3res(r: Reader) -> Read3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     attrs = unpack_post_op_attr(r)
     if s != _OK:
         return Read3Res(s, attrs)
     count, eof = r.take(_U32_2)
-    return Read3Res(s, attrs, count, _bool(eof), r.opaque(MAX_DATA))
+    return Read3Res(s, attrs, count, as_bool(eof), r.opaque(MAX_DATA))
 
 
 # --------------------------------------------------------------------------------------------
@@ -864,41 +766,33 @@ class Write3Res:
 
 
 def pack_write3args(w: Writer, v: Write3Args) -> None:
-    if v.stable not in _STABLE_HOW:
-        raise XdrError(f"unknown stable_how value {v.stable}")
+    stable = member(_STABLE_HOW, v.stable, "stable_how")
     w.opaque(v.file, NFS3_FHSIZE)
-    w.raw(_Q_2U32.pack(v.offset, v.count, v.stable))
+    w.raw(_Q_2U32.pack(v.offset, v.count, stable))
     w.opaque(v.data, MAX_DATA)
 
 
 def unpack_write3args(r: Reader) -> Write3Args:
     fh = r.opaque_bytes(NFS3_FHSIZE)
     off, cnt, st = r.take(_Q_2U32)
-    stable = _STABLE_HOW.get(st)
-    if stable is None:
-        raise XdrError(f"unknown stable_how value {st}")
+    stable = member(_STABLE_HOW, st, "stable_how")
     return Write3Args(fh, off, cnt, stable, r.opaque(MAX_DATA))
 
 
 def pack_write3res(w: Writer, v: Write3Res) -> None:
-    b = U32.pack(v.status) + _wcc_data(v.file_wcc)
+    w.raw(U32.pack(v.status) + _wcc_data(v.file_wcc))
     if v.status == _OK:
-        if v.committed not in _STABLE_HOW:
-            raise XdrError(f"unknown stable_how value {v.committed}")
-        _check_verf(v.verf, "writeverf3")
-        b += _WRITE3_OK.pack(v.count, v.committed, v.verf)
-    w.raw(b)
+        w.raw(_U32_2.pack(v.count, member(_STABLE_HOW, v.committed, "stable_how")))
+        w.fixed(v.verf, NFS3_WRITEVERFSIZE)
 
 
 def unpack_write3res(r: Reader) -> Write3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     wcc = unpack_wcc_data(r)
     if s != _OK:
         return Write3Res(s, wcc)
     count, st = r.take(_U32_2)
-    committed = _STABLE_HOW.get(st)
-    if committed is None:
-        raise XdrError(f"unknown stable_how value {st}")
+    committed = member(_STABLE_HOW, st, "stable_how")
     return Write3Res(s, wcc, count, committed, bytes(r.fixed(NFS3_WRITEVERFSIZE)))
 
 
@@ -994,20 +888,14 @@ _DR = TypeVar("_DR", Create3Res, Mkdir3Res, Symlink3Res, Mknod3Res)
 
 
 def _pack_diropres3(w: Writer, v: _DiropRes) -> None:
+    b = U32.pack(v.status)
     if v.status == _OK:
-        fh = v.obj
-        if fh is None:
-            w.raw(_FALSE + _FALSE)
-        else:
-            w.raw(_FALSE + _TRUE)
-            w.opaque(fh, NFS3_FHSIZE)
-        w.raw(_post_op_attr(v.obj_attributes) + _wcc_data(v.dir_wcc))
-    else:
-        w.raw(U32.pack(v.status) + _wcc_data(v.dir_wcc))
+        b += _post_op_fh3(v.obj) + _post_op_attr(v.obj_attributes)
+    w.raw(b + _wcc_data(v.dir_wcc))
 
 
 def _unpack_diropres3(r: Reader, cls: type[_DR]) -> _DR:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     if s == _OK:
         fh = unpack_post_op_fh3(r)
         attrs = unpack_post_op_attr(r)
@@ -1016,23 +904,18 @@ def _unpack_diropres3(r: Reader, cls: type[_DR]) -> _DR:
 
 
 def pack_createhow3(w: Writer, v: CreateHow3) -> None:
-    mode = v.mode
+    mode = member(_CREATEMODE3, v.mode, "createmode3")
+    w.u32(mode)
     if mode == CreateMode3.EXCLUSIVE:
-        _check_verf(v.verf, "createverf3")
-        w.raw(U32.pack(mode) + v.verf)
-        return
-    if mode not in _CREATEMODE3:
-        raise XdrError(f"unknown createmode3 value {mode}")
-    if v.obj_attributes is None:
+        w.fixed(v.verf, NFS3_CREATEVERFSIZE)
+    elif v.obj_attributes is None:
         raise XdrError("UNCHECKED/GUARDED createhow3 needs obj_attributes")
-    w.raw(U32.pack(mode) + _sattr3(v.obj_attributes))
+    else:
+        w.raw(_sattr3(v.obj_attributes))
 
 
 def unpack_createhow3(r: Reader) -> CreateHow3:
-    v = r.u32()
-    mode = _CREATEMODE3.get(v)
-    if mode is None:
-        raise XdrError(f"unknown createmode3 value {v}")
+    mode = r.enum(_CREATEMODE3, "createmode3")
     if mode == CreateMode3.EXCLUSIVE:
         return CreateHow3(mode, None, bytes(r.fixed(NFS3_CREATEVERFSIZE)))
     return CreateHow3(mode, unpack_sattr3(r))
@@ -1076,7 +959,7 @@ def unpack_mkdir3res(r: Reader) -> Mkdir3Res:
 
 def pack_symlinkdata3(w: Writer, v: Symlinkdata3) -> None:
     w.raw(_sattr3(v.symlink_attributes))
-    w.opaque(v.symlink_data, MAX_PATH)
+    w.string(v.symlink_data, MAX_PATH)
 
 
 def unpack_symlinkdata3(r: Reader) -> Symlinkdata3:
@@ -1103,9 +986,7 @@ def unpack_symlink3res(r: Reader) -> Symlink3Res:
 
 
 def pack_mknoddata3(w: Writer, v: Mknoddata3) -> None:
-    t = v.type
-    if t not in _FTYPE3:
-        raise XdrError(f"unknown ftype3 value {t}")
+    t = member(_FTYPE3, v.type, "ftype3")
     b = U32.pack(t)
     if t in (Ftype3.NF3CHR, Ftype3.NF3BLK, Ftype3.NF3SOCK, Ftype3.NF3FIFO):
         if v.attributes is None:
@@ -1120,10 +1001,7 @@ def pack_mknoddata3(w: Writer, v: Mknoddata3) -> None:
 
 
 def unpack_mknoddata3(r: Reader) -> Mknoddata3:
-    v = r.u32()
-    t = _FTYPE3.get(v)
-    if t is None:
-        raise XdrError(f"unknown ftype3 value {v}")
+    t = r.enum(_FTYPE3, "ftype3")
     if t == Ftype3.NF3CHR or t == Ftype3.NF3BLK:
         attrs = unpack_sattr3(r)
         return Mknoddata3(t, attrs, unpack_specdata3(r))
@@ -1189,7 +1067,7 @@ def pack_remove3res(w: Writer, v: Remove3Res) -> None:
 
 
 def unpack_remove3res(r: Reader) -> Remove3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     return Remove3Res(s, unpack_wcc_data(r))
 
 
@@ -1206,7 +1084,7 @@ def pack_rmdir3res(w: Writer, v: Rmdir3Res) -> None:
 
 
 def unpack_rmdir3res(r: Reader) -> Rmdir3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     return Rmdir3Res(s, unpack_wcc_data(r))
 
 
@@ -1242,7 +1120,7 @@ def pack_rename3res(w: Writer, v: Rename3Res) -> None:
 
 
 def unpack_rename3res(r: Reader) -> Rename3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     frm = unpack_wcc_data(r)
     return Rename3Res(s, frm, unpack_wcc_data(r))
 
@@ -1279,7 +1157,7 @@ def pack_link3res(w: Writer, v: Link3Res) -> None:
 
 
 def unpack_link3res(r: Reader) -> Link3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     attrs = unpack_post_op_attr(r)
     return Link3Res(s, attrs, unpack_wcc_data(r))
 
@@ -1353,18 +1231,18 @@ POST_OP_ATTR_ATTRS_SIZE: Final = FATTR3_SIZE
 def size_entry3(name_len: int) -> int:
     """Bytes of one entry3 in a READDIR reply: value-follows word, fileid3, filename3 (length
     word + padded bytes), cookie3."""
-    return 4 + 8 + 4 + ((name_len + 3) & ~3) + 8
+    return 4 + 8 + 4 + pad4(name_len) + 8
 
 
 def size_entryplus3(name_len: int, attrs: bool, handle_len: int | None) -> int:
     """Bytes of one entryplus3 in a READDIRPLUS reply (what counts against ``maxcount``):
     value-follows word, fileid3, filename3, cookie3, post_op_attr (with or without fattr3),
     post_op_fh3 (with a ``handle_len``-byte handle, or none when ``handle_len`` is None)."""
-    n = 4 + 8 + 4 + ((name_len + 3) & ~3) + 8 + 4 + 4
+    n = 4 + 8 + 4 + pad4(name_len) + 8 + 4 + 4
     if attrs:
         n += FATTR3_SIZE
     if handle_len is not None:
-        n += 4 + ((handle_len + 3) & ~3)
+        n += 4 + pad4(handle_len)
     return n
 
 
@@ -1373,13 +1251,14 @@ def size_entryplus3_dircount(name_len: int) -> int:
     dircount excludes the attributes and file handle; like the Linux server we count the
     entry's fileid3 (8), filename3 (4 + padded name) and cookie3 (8) -- not the value-follows
     word, attributes or handle."""
-    return 8 + 4 + ((name_len + 3) & ~3) + 8
+    return 8 + 4 + pad4(name_len) + 8
 
 
 def pack_readdir3args(w: Writer, v: Readdir3Args) -> None:
-    _check_verf(v.cookieverf, "cookieverf3")
     w.opaque(v.dir, NFS3_FHSIZE)
-    w.raw(_READDIR3ARGS_TAIL.pack(v.cookie, v.cookieverf, v.count))
+    w.u64(v.cookie)
+    w.fixed(v.cookieverf, NFS3_COOKIEVERFSIZE)
+    w.u32(v.count)
 
 
 def unpack_readdir3args(r: Reader) -> Readdir3Args:
@@ -1390,29 +1269,23 @@ def unpack_readdir3args(r: Reader) -> Readdir3Args:
 
 
 def pack_readdir3res(w: Writer, v: Readdir3Res) -> None:
+    w.raw(U32.pack(v.status) + _post_op_attr(v.dir_attributes))
     if v.status != _OK:
-        w.raw(U32.pack(v.status) + _post_op_attr(v.dir_attributes))
         return
-    _check_verf(v.cookieverf, "cookieverf3")
-    b = bytearray(_FALSE)
-    b += _post_op_attr(v.dir_attributes)
-    b += v.cookieverf
-    head = _U32_Q_U32.pack
+    w.fixed(v.cookieverf, NFS3_COOKIEVERFSIZE)
+    b = bytearray()
     for e in v.entries:
         name = e.name
         n = len(name)
         if n > MAX_NAME:
             raise XdrError(f"filename3 length {n} exceeds limit {MAX_NAME}")
-        b += head(1, e.fileid, n)
-        b += name
-        b += _PADS[n & 3]
-        b += U64.pack(e.cookie)
-    b += _U32_2.pack(0, 1 if v.eof else 0)
+        b += _ENTRY3[(n + 3) >> 2].pack(1, e.fileid, n, name, e.cookie)
+    b += _U32_2.pack(0, 1 if v.eof else 0)  # end of list, eof
     w.raw(b)
 
 
 def unpack_readdir3res(r: Reader) -> Readdir3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     attrs = unpack_post_op_attr(r)
     if s != _OK:
         return Readdir3Res(s, attrs)
@@ -1428,9 +1301,10 @@ def unpack_readdir3res(r: Reader) -> Readdir3Res:
 
 
 def pack_readdirplus3args(w: Writer, v: Readdirplus3Args) -> None:
-    _check_verf(v.cookieverf, "cookieverf3")
     w.opaque(v.dir, NFS3_FHSIZE)
-    w.raw(_READDIRPLUS3ARGS_TAIL.pack(v.cookie, v.cookieverf, v.dircount, v.maxcount))
+    w.u64(v.cookie)
+    w.fixed(v.cookieverf, NFS3_COOKIEVERFSIZE)
+    w.raw(_U32_2.pack(v.dircount, v.maxcount))
 
 
 def unpack_readdirplus3args(r: Reader) -> Readdirplus3Args:
@@ -1442,85 +1316,42 @@ def unpack_readdirplus3args(r: Reader) -> Readdirplus3Args:
 
 
 def pack_readdirplus3res(w: Writer, v: Readdirplus3Res) -> None:
+    w.raw(U32.pack(v.status) + _post_op_attr(v.dir_attributes))
     if v.status != _OK:
-        w.raw(U32.pack(v.status) + _post_op_attr(v.dir_attributes))
         return
-    _check_verf(v.cookieverf, "cookieverf3")
-    b = bytearray(_FALSE)
-    b += _post_op_attr(v.dir_attributes)
-    b += v.cookieverf
-    # Hot loop (~100 entries per reply): per entry one struct for the head, the name, one
-    # fused struct for cookie + post_op_attr + fattr3, and the handle.
-    head = _U32_Q_U32.pack
-    tail = _Q_U32_FATTR3.pack
+    w.fixed(v.cookieverf, NFS3_COOKIEVERFSIZE)
+    b = bytearray()
+    # Hot loop (~100 entries per reply): per entry one fused head up to "attributes follow"
+    # (see _ENTRYPLUS3), the fattr3 and the post_op_fh3.
     for e in v.entries:
         name = e.name
         n = len(name)
         if n > MAX_NAME:
             raise XdrError(f"filename3 length {n} exceeds limit {MAX_NAME}")
-        b += head(1, e.fileid, n)
-        b += name
-        b += _PADS[n & 3]
         a = e.name_attributes
         if a is None:
-            b += _Q_U32.pack(e.cookie, 0)
+            b += _ENTRYPLUS3[(n + 3) >> 2].pack(1, e.fileid, n, name, e.cookie, 0)
         else:
-            rd = a.rdev
-            at = a.atime
-            mt = a.mtime
-            ct = a.ctime
-            b += tail(
-                e.cookie,
-                1,
-                a.type,
-                a.mode,
-                a.nlink,
-                a.uid,
-                a.gid,
-                a.size,
-                a.used,
-                rd.specdata1,
-                rd.specdata2,
-                a.fsid,
-                a.fileid,
-                at.seconds,
-                at.nseconds,
-                mt.seconds,
-                mt.nseconds,
-                ct.seconds,
-                ct.nseconds,
-            )
-        fh = e.name_handle
-        if fh is None:
-            b += _FALSE
-        else:
-            hn = len(fh)
-            if hn > NFS3_FHSIZE:
-                raise XdrError(f"nfs_fh3 length {hn} exceeds limit {NFS3_FHSIZE}")
-            b += _U32_2.pack(1, hn)
-            b += fh
-            b += _PADS[hn & 3]
-    b += _U32_2.pack(0, 1 if v.eof else 0)
+            b += _ENTRYPLUS3[(n + 3) >> 2].pack(1, e.fileid, n, name, e.cookie, 1)
+            b += _fattr3(a)
+        b += _post_op_fh3(e.name_handle)
+    b += _U32_2.pack(0, 1 if v.eof else 0)  # end of list, eof
     w.raw(b)
 
 
 def unpack_readdirplus3res(r: Reader) -> Readdirplus3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     attrs = unpack_post_op_attr(r)
     if s != _OK:
         return Readdirplus3Res(s, attrs)
     verf = bytes(r.fixed(NFS3_COOKIEVERFSIZE))
     entries: list[Entryplus3] = []
-    # Bounded by the input, as in unpack_readdir3res. Fused reads (fileid + name length,
-    # cookie + attributes_follow) save two Reader calls per entry (~7 % of a 100-entry
-    # reply; most of the rest is building the Fattr3 objects).
+    # Bounded by the input, as in unpack_readdir3res.
     while r.optional():
-        fileid, n = r.take(_Q_U32)
-        if n > MAX_NAME:
-            raise XdrError(f"filename3 length {n} exceeds limit {MAX_NAME}")
-        name = bytes(r.fixed(n))
-        cookie, follows = r.take(_Q_U32)
-        nattrs = _fattr3_from(*r.take(_FATTR3)) if _bool(follows) else None
+        fileid = r.u64()
+        name = r.string(MAX_NAME)
+        cookie = r.u64()
+        nattrs = unpack_fattr3(r) if r.optional() else None
         fh = r.opaque_bytes(NFS3_FHSIZE) if r.optional() else None
         entries.append(Entryplus3(fileid, name, cookie, nattrs, fh))
     return Readdirplus3Res(s, attrs, verf, entries, r.boolean())
@@ -1566,7 +1397,7 @@ def pack_fsstat3res(w: Writer, v: Fsstat3Res) -> None:
 
 
 def unpack_fsstat3res(r: Reader) -> Fsstat3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     attrs = unpack_post_op_attr(r)
     if s != _OK:
         return Fsstat3Res(s, attrs)
@@ -1623,7 +1454,7 @@ def pack_fsinfo3res(w: Writer, v: Fsinfo3Res) -> None:
 
 
 def unpack_fsinfo3res(r: Reader) -> Fsinfo3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     attrs = unpack_post_op_attr(r)
     if s != _OK:
         return Fsinfo3Res(s, attrs)
@@ -1686,13 +1517,20 @@ def pack_pathconf3res(w: Writer, v: Pathconf3Res) -> None:
 
 
 def unpack_pathconf3res(r: Reader) -> Pathconf3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     attrs = unpack_post_op_attr(r)
     if s != _OK:
         return Pathconf3Res(s, attrs)
     linkmax, name_max, no_trunc, chown_r, case_i, case_p = r.take(_PATHCONF3_OK)
     return Pathconf3Res(
-        s, attrs, linkmax, name_max, _bool(no_trunc), _bool(chown_r), _bool(case_i), _bool(case_p)
+        s,
+        attrs,
+        linkmax,
+        name_max,
+        as_bool(no_trunc),
+        as_bool(chown_r),
+        as_bool(case_i),
+        as_bool(case_p),
     )
 
 
@@ -1726,15 +1564,13 @@ def unpack_commit3args(r: Reader) -> Commit3Args:
 
 
 def pack_commit3res(w: Writer, v: Commit3Res) -> None:
-    b = U32.pack(v.status) + _wcc_data(v.file_wcc)
+    w.raw(U32.pack(v.status) + _wcc_data(v.file_wcc))
     if v.status == _OK:
-        _check_verf(v.verf, "writeverf3")
-        b += v.verf
-    w.raw(b)
+        w.fixed(v.verf, NFS3_WRITEVERFSIZE)
 
 
 def unpack_commit3res(r: Reader) -> Commit3Res:
-    s = _status(r)
+    s = r.enum(_NFSSTAT3, "nfsstat3")
     wcc = unpack_wcc_data(r)
     if s != _OK:
         return Commit3Res(s, wcc)
@@ -1743,7 +1579,6 @@ def unpack_commit3res(r: Reader) -> Commit3Res:
 
 # --------------------------------------------------------------------------------------------
 # Dispatch table
-
 Nfs3Args: TypeAlias = (
     Getattr3Args
     | Setattr3Args
@@ -1794,31 +1629,25 @@ Nfs3Res: TypeAlias = (
     | None
 )
 
-A = TypeVar("A")
-R = TypeVar("R")
-
 
 @dataclass(frozen=True, slots=True)
-class ProcCodec(Generic[A, R]):
-    """The four codecs of one procedure. In ``PROCS`` the pack functions check the value's
-    class first (TypeError on a mismatch), so a handler returning the wrong result type
-    fails loudly instead of emitting a malformed reply."""
+class ProcCodec:
+    """The four codecs of one procedure. The pack functions check the value's class first
+    (TypeError on a mismatch), so a handler returning the wrong result type fails loudly
+    instead of emitting a malformed reply."""
 
     name: str
-    pack_args: Callable[[Writer, A], None]
-    unpack_args: Callable[[Reader], A]
-    pack_res: Callable[[Writer, R], None]
-    unpack_res: Callable[[Reader], R]
+    pack_args: Callable[[Writer, Nfs3Args], None]
+    unpack_args: Callable[[Reader], Nfs3Args]
+    pack_res: Callable[[Writer, Nfs3Res], None]
+    unpack_res: Callable[[Reader], Nfs3Res]
 
 
-_TA = TypeVar("_TA", bound=Nfs3Args)
-_TR = TypeVar("_TR", bound=Nfs3Res)
+_T = TypeVar("_T")
 
 
-def _checked(
-    cls: type[_TA], fn: Callable[[Writer, _TA], None]
-) -> Callable[[Writer, Nfs3Args], None]:
-    def pack(w: Writer, v: Nfs3Args) -> None:
+def _checked(cls: type[_T], fn: Callable[[Writer, _T], None]) -> Callable[[Writer, object], None]:
+    def pack(w: Writer, v: object) -> None:
         if not isinstance(v, cls):
             raise TypeError(f"expected {cls.__name__}, got {type(v).__name__}")
         fn(w, v)
@@ -1827,230 +1656,21 @@ def _checked(
     return pack
 
 
-def _checked_res(
-    cls: type[_TR], fn: Callable[[Writer, _TR], None]
-) -> Callable[[Writer, Nfs3Res], None]:
-    def pack(w: Writer, v: Nfs3Res) -> None:
-        if not isinstance(v, cls):
-            raise TypeError(f"expected {cls.__name__}, got {type(v).__name__}")
-        fn(w, v)
-
-    pack.__name__ = pack.__qualname__ = fn.__name__
-    return pack
-
-
-def _proc(
-    proc: Nfs3Proc,
-    args_cls: type[_TA],
-    pack_args: Callable[[Writer, _TA], None],
-    unpack_args: Callable[[Reader], _TA],
-    res_cls: type[_TR],
-    pack_res: Callable[[Writer, _TR], None],
-    unpack_res: Callable[[Reader], _TR],
-) -> tuple[int, ProcCodec[Nfs3Args, Nfs3Res]]:
-    codec: ProcCodec[Nfs3Args, Nfs3Res] = ProcCodec(
+def _codec(proc: Nfs3Proc) -> ProcCodec:
+    """``proc``'s codecs, found by the module's naming convention (NULL is void both ways)."""
+    if proc == Nfs3Proc.NULL:
+        void = _checked(type(None), pack_void)
+        return ProcCodec(proc.name, void, unpack_void, void, unpack_void)
+    ns = globals()
+    cls = proc.name.capitalize()  # READDIRPLUS -> Readdirplus
+    fn = proc.name.lower()
+    return ProcCodec(
         proc.name,
-        _checked(args_cls, pack_args),
-        unpack_args,
-        _checked_res(res_cls, pack_res),
-        unpack_res,
+        _checked(ns[f"{cls}3Args"], ns[f"pack_{fn}3args"]),
+        ns[f"unpack_{fn}3args"],
+        _checked(ns[f"{cls}3Res"], ns[f"pack_{fn}3res"]),
+        ns[f"unpack_{fn}3res"],
     )
-    return proc.value, codec
 
 
-_NONE: Final = type(None)
-
-PROCS: Final[dict[int, ProcCodec[Nfs3Args, Nfs3Res]]] = dict(
-    (
-        _proc(Nfs3Proc.NULL, _NONE, pack_void, unpack_void, _NONE, pack_void, unpack_void),
-        _proc(
-            Nfs3Proc.GETATTR,
-            Getattr3Args,
-            pack_getattr3args,
-            unpack_getattr3args,
-            Getattr3Res,
-            pack_getattr3res,
-            unpack_getattr3res,
-        ),
-        _proc(
-            Nfs3Proc.SETATTR,
-            Setattr3Args,
-            pack_setattr3args,
-            unpack_setattr3args,
-            Setattr3Res,
-            pack_setattr3res,
-            unpack_setattr3res,
-        ),
-        _proc(
-            Nfs3Proc.LOOKUP,
-            Lookup3Args,
-            pack_lookup3args,
-            unpack_lookup3args,
-            Lookup3Res,
-            pack_lookup3res,
-            unpack_lookup3res,
-        ),
-        _proc(
-            Nfs3Proc.ACCESS,
-            Access3Args,
-            pack_access3args,
-            unpack_access3args,
-            Access3Res,
-            pack_access3res,
-            unpack_access3res,
-        ),
-        _proc(
-            Nfs3Proc.READLINK,
-            Readlink3Args,
-            pack_readlink3args,
-            unpack_readlink3args,
-            Readlink3Res,
-            pack_readlink3res,
-            unpack_readlink3res,
-        ),
-        _proc(
-            Nfs3Proc.READ,
-            Read3Args,
-            pack_read3args,
-            unpack_read3args,
-            Read3Res,
-            pack_read3res,
-            unpack_read3res,
-        ),
-        _proc(
-            Nfs3Proc.WRITE,
-            Write3Args,
-            pack_write3args,
-            unpack_write3args,
-            Write3Res,
-            pack_write3res,
-            unpack_write3res,
-        ),
-        _proc(
-            Nfs3Proc.CREATE,
-            Create3Args,
-            pack_create3args,
-            unpack_create3args,
-            Create3Res,
-            pack_create3res,
-            unpack_create3res,
-        ),
-        _proc(
-            Nfs3Proc.MKDIR,
-            Mkdir3Args,
-            pack_mkdir3args,
-            unpack_mkdir3args,
-            Mkdir3Res,
-            pack_mkdir3res,
-            unpack_mkdir3res,
-        ),
-        _proc(
-            Nfs3Proc.SYMLINK,
-            Symlink3Args,
-            pack_symlink3args,
-            unpack_symlink3args,
-            Symlink3Res,
-            pack_symlink3res,
-            unpack_symlink3res,
-        ),
-        _proc(
-            Nfs3Proc.MKNOD,
-            Mknod3Args,
-            pack_mknod3args,
-            unpack_mknod3args,
-            Mknod3Res,
-            pack_mknod3res,
-            unpack_mknod3res,
-        ),
-        _proc(
-            Nfs3Proc.REMOVE,
-            Remove3Args,
-            pack_remove3args,
-            unpack_remove3args,
-            Remove3Res,
-            pack_remove3res,
-            unpack_remove3res,
-        ),
-        _proc(
-            Nfs3Proc.RMDIR,
-            Rmdir3Args,
-            pack_rmdir3args,
-            unpack_rmdir3args,
-            Rmdir3Res,
-            pack_rmdir3res,
-            unpack_rmdir3res,
-        ),
-        _proc(
-            Nfs3Proc.RENAME,
-            Rename3Args,
-            pack_rename3args,
-            unpack_rename3args,
-            Rename3Res,
-            pack_rename3res,
-            unpack_rename3res,
-        ),
-        _proc(
-            Nfs3Proc.LINK,
-            Link3Args,
-            pack_link3args,
-            unpack_link3args,
-            Link3Res,
-            pack_link3res,
-            unpack_link3res,
-        ),
-        _proc(
-            Nfs3Proc.READDIR,
-            Readdir3Args,
-            pack_readdir3args,
-            unpack_readdir3args,
-            Readdir3Res,
-            pack_readdir3res,
-            unpack_readdir3res,
-        ),
-        _proc(
-            Nfs3Proc.READDIRPLUS,
-            Readdirplus3Args,
-            pack_readdirplus3args,
-            unpack_readdirplus3args,
-            Readdirplus3Res,
-            pack_readdirplus3res,
-            unpack_readdirplus3res,
-        ),
-        _proc(
-            Nfs3Proc.FSSTAT,
-            Fsstat3Args,
-            pack_fsstat3args,
-            unpack_fsstat3args,
-            Fsstat3Res,
-            pack_fsstat3res,
-            unpack_fsstat3res,
-        ),
-        _proc(
-            Nfs3Proc.FSINFO,
-            Fsinfo3Args,
-            pack_fsinfo3args,
-            unpack_fsinfo3args,
-            Fsinfo3Res,
-            pack_fsinfo3res,
-            unpack_fsinfo3res,
-        ),
-        _proc(
-            Nfs3Proc.PATHCONF,
-            Pathconf3Args,
-            pack_pathconf3args,
-            unpack_pathconf3args,
-            Pathconf3Res,
-            pack_pathconf3res,
-            unpack_pathconf3res,
-        ),
-        _proc(
-            Nfs3Proc.COMMIT,
-            Commit3Args,
-            pack_commit3args,
-            unpack_commit3args,
-            Commit3Res,
-            pack_commit3res,
-            unpack_commit3res,
-        ),
-    )
-)
+PROCS: Final[dict[int, ProcCodec]] = {p.value: _codec(p) for p in Nfs3Proc}

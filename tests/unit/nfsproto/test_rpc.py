@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nfsproto import mount3, portmap, rpc
-from nfsproto.xdr import Reader, Writer, XdrError
+from nfsproto.xdr import Reader, Writer, XdrError, as_bool, member
 
 u32 = st.integers(0, 2**32 - 1)
 
@@ -380,3 +380,42 @@ def test_xdr_padding_and_zero_copy() -> None:
     r.done()
     with pytest.raises(XdrError):
         Reader(b"\0\0\0\1a\0\1\0").opaque(4)  # non-zero padding
+
+
+def test_xdr_fixed_enum_bool() -> None:
+    r = Reader(b"abc\0" + b"\0\0\0\2" + b"\0\0\0\1")
+    assert bytes(r.fixed(3)) == b"abc"
+    assert r.enum({2: "two"}, "thing") == "two"
+    assert r.optional() is True
+    r.done()
+    with pytest.raises(XdrError, match="padding"):
+        Reader(b"abc\1").fixed(3)
+    with pytest.raises(XdrError, match="unknown thing value -1"):
+        Reader(b"\xff\xff\xff\xff").enum({2: "two"}, "thing")  # XDR enums are signed
+    with pytest.raises(XdrError, match="unknown thing value 3"):
+        member({2: "two"}, 3, "thing")
+    assert as_bool(0) is False
+    with pytest.raises(XdrError, match="bool"):
+        as_bool(2)
+    with pytest.raises(XdrError, match="bool"):
+        Reader(b"\0\0\0\2").boolean()
+
+
+@given(st.binary(max_size=40), st.integers(0, 2**64 - 1), st.booleans())
+def test_xdr_every_truncated_prefix_raises(blob: bytes, n: int, flag: bool) -> None:
+    w = Writer()
+    w.u64(n)
+    w.opaque(blob)
+    w.boolean(flag)
+    w.fixed(blob)
+    enc = w.getvalue()
+
+    def read(r: Reader) -> tuple[int, bytes, bool, bytes]:
+        return r.u64(), bytes(r.opaque(40)), r.boolean(), bytes(r.fixed(len(blob)))
+
+    r = Reader(enc)
+    assert read(r) == (n, blob, flag, blob)
+    r.done()
+    for end in range(len(enc)):
+        with pytest.raises(XdrError):
+            read(Reader(enc, end=end))

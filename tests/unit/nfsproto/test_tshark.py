@@ -43,7 +43,7 @@ TSHARK = shutil.which("tshark")
 def _csum(data: bytes) -> int:
     if len(data) % 2:
         data += b"\0"
-    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    s: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
     while s >> 16:
         s = (s & 0xFFFF) + (s >> 16)
     return ~s & 0xFFFF
