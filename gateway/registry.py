@@ -82,6 +82,19 @@ class Gateway:
         self.by_path[e.cfg.path] = e
         e.root_handle = self.handles.encode(e.id, "")
 
+    def find_export(self, path: str) -> tuple[Export, str] | None:
+        """The export whose path is ``path`` or its longest parent -> (export, path relative
+        to it). ``path`` is normalised first (empty and repeated slashes dropped)."""
+        clean = "/" + "/".join(p for p in path.split("/") if p)
+        best: tuple[Export, str] | None = None
+        for p, e in self.by_path.items():
+            if clean == p:
+                return e, ""
+            base = p.rstrip("/") + "/"
+            if clean.startswith(base) and (best is None or len(p) > len(best[0].cfg.path)):
+                best = (e, clean[len(base) :])
+        return best
+
     def remove_export(self, e: Export) -> None:
         """Handles of a removed export answer STALE from now on."""
         if self.exports.get(e.id) is e:

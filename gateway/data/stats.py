@@ -1,9 +1,9 @@
 """Counters and gauges of the data layer, read by ``gateway.ops.metrics``.
 
 Owns: plain integers, updated in place on the event loop (no locks needed). Must not: import
-prometheus_client or know metric names; metrics.py maps these fields to ``nfsgw_*`` series and
-treats names ending in ``bytes``, ``entries`` or ``inflight`` as gauges, the rest as counters
-(so counters of bytes are named ``bytes_*``).
+prometheus_client or know metric names: every field has its row (name, counter or gauge, help)
+in ``gateway/ops/metrics.py``'s ``METRICS`` table, and the server refuses to start on a field
+without one.
 """
 
 from __future__ import annotations

@@ -22,25 +22,13 @@ MAX_MOUNT_RECORDS = 4096
 _FLAVORS = [int(AuthFlavor.AUTH_SYS), int(AuthFlavor.AUTH_NONE)]
 
 
-def _find_export(gw: Gateway, path: str) -> tuple[Export, str] | None:
-    """Longest export path that is ``path`` or a parent of it -> (export, relative path)."""
-    best: tuple[Export, str] | None = None
-    for p, e in gw.by_path.items():
-        if path == p:
-            return e, ""
-        base = p.rstrip("/") + "/"
-        if path.startswith(base) and (best is None or len(p) > len(best[0].cfg.path)):
-            best = (e, path[len(base) :].strip("/"))
-    return best
-
-
 async def mnt(gw: Gateway, ctx: CallContext, args: Mnt3Args) -> Mnt3Res:
     try:
         path = args.dirpath.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidArgument(f"mount path {args.dirpath!r} is not UTF-8") from None
     path = "/" + "/".join(c for c in path.split("/") if c)
-    found = _find_export(gw, path)
+    found = gw.find_export(path)
     if found is None:
         raise NotFound(f"no export at or above {path!r}")
     export, rel = found

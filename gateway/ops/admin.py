@@ -45,7 +45,7 @@ from gateway.clock import Clock
 from gateway.exports import Export
 from gateway.ops.config import ServerConfig, split_listen
 from gateway.ops.metrics import Metrics
-from gateway.ops.warmup import WarmupJob, WarmupRefused, Warmups, find_export
+from gateway.ops.warmup import WarmupJob, WarmupRefused, Warmups
 from gateway.registry import Gateway
 
 log = structlog.get_logger(__name__)
@@ -225,7 +225,7 @@ class AdminApi:
         if not isinstance(path, str) or not path.startswith("/"):
             return web.json_response({"error": "give an absolute path: /export/dir"}, status=400)
         subtree = self._flag(body.get("subtree", False))
-        found = find_export(self.gateway.by_path, path)
+        found = self.gateway.find_export(path)
         if found is None:
             return web.json_response({"error": f"{path}: no export contains it"}, status=404)
         export, rel = found

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,6 @@ __all__ = [
     "WarmupRefused",
     "WarmupStats",
     "Warmups",
-    "find_export",
 ]
 
 log = structlog.get_logger(__name__)
@@ -46,19 +45,6 @@ MAX_WARMUP_FRONTIER = 1_000_000  # directories waiting to be listed, per job
 WARMUP_CHUNK = 4 << 20
 WARMUP_DATA_SHARE = 0.9  # of the data cache budget a data warm-up may fill
 JOB_STATES = ("running", "done", "failed", "cancelled")
-
-
-def find_export(by_path: Mapping[str, Export], path: str) -> tuple[Export, str] | None:
-    """The export whose path is ``path`` or its longest parent -> (export, relative path)."""
-    clean = "/" + "/".join(p for p in path.split("/") if p)
-    best: tuple[Export, str] | None = None
-    for p, e in by_path.items():
-        if clean == p:
-            return e, ""
-        base = p.rstrip("/") + "/"
-        if clean.startswith(base) and (best is None or len(p) > len(best[0].cfg.path)):
-            best = (e, clean[len(base) :])
-    return best
 
 
 @dataclass(slots=True)
@@ -142,7 +128,7 @@ class Warmups:
         return sum(1 for j in self.jobs.values() if j.state == "running")
 
     def start(self, path: str, *, data: bool = False, concurrency: int = 8) -> WarmupJob:
-        found = find_export(self.gateway.by_path, path)
+        found = self.gateway.find_export(path)
         if found is None:
             raise LookupError(f"{path}: no export contains it")
         if not 1 <= concurrency <= MAX_WARMUP_CONCURRENCY:
