@@ -68,7 +68,7 @@ from gateway.backend.base import (
 from gateway.data.cache import ENTRY_OVERHEAD, BlockKey, DataCache
 from gateway.data.config import DataConfig
 from gateway.data.stats import DataStats
-from gateway.errors import VersionChanged
+from gateway.errors import IoError, VersionChanged
 
 __all__ = ["DataConfig", "ObjectReader", "Version"]
 
@@ -279,12 +279,17 @@ class ObjectReader:
     ) -> tuple[V, bytes | memoryview, bool]:
         """``read`` of ``version``; when the object changed since (``VersionChanged``), one
         ``refresh()`` (the caller's HEAD) and one read of the new version. The bytes always
-        come from the version returned; a second change escapes as ``VersionChanged``."""
+        come from the version returned. A second change (an object that keeps changing, or a
+        backend whose replies never match the version it lists) is ``IoError``: retrying the
+        same handle cannot help the client, and the handle itself is not stale."""
         try:
             data, eof = await self.read(store, key, version.etag, version.size, offset, count)
         except VersionChanged:
             version = await refresh()
-            data, eof = await self.read(store, key, version.etag, version.size, offset, count)
+            try:
+                data, eof = await self.read(store, key, version.etag, version.size, offset, count)
+            except VersionChanged as e:
+                raise IoError(f"{key}: changed again while being read ({e})") from e
         return version, data, eof
 
     async def read(

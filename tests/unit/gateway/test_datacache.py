@@ -25,7 +25,7 @@ from gateway.backend.base import (
 )
 from gateway.data import ENTRY_OVERHEAD, DataCache, DataConfig, DataStats, ObjectReader
 from gateway.data.sketch import FrequencySketch, key_hash
-from gateway.errors import VersionChanged
+from gateway.errors import IoError, VersionChanged
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -308,10 +308,10 @@ async def test_read_current_refreshes_once_and_never_mixes_versions() -> None:
     got, data, _ = await reader.read_current(as_store(store), "ds/x.bin", v1, 5 * MiB, 100, refresh)
     assert got is v2 and refreshes == ["head"]
     assert bytes(data) == new[5 * MiB : 5 * MiB + 100]
-    # Changed again before the second read: no third read, the change escapes.
+    # Changed again before the second read: no third read; IO, not STALE (the handle is fine).
     store.put("ds/x.bin", old, '"v3"')
     refreshes.clear()
-    with pytest.raises(VersionChanged):
+    with pytest.raises(IoError):
         await reader.read_current(as_store(store), "ds/x.bin", v1, 4 * MiB, 100, refresh)
     assert refreshes == ["head"]
 
