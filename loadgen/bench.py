@@ -1,6 +1,6 @@
-"""Running the workload against targets: one target (``run_target``), nfsgw gateways started
-as subprocesses in chosen configurations behind the delay proxy (``GatewayProcess``), and the
-side-by-side comparison (``compare``).
+"""Running the workload against targets: one target (``run_target``), and the side-by-side
+comparison (``compare``) of nfsgw gateways started as subprocesses in chosen configurations
+behind the delay proxy (``loadgen.gwprocess.GatewayProcess``) and of other NFS servers.
 
 Owns: the order of operations of a benchmark run (counters read before and after each phase,
 one target at a time so they do not compete for the machine's cores, every process stopped
@@ -11,21 +11,17 @@ report figures (``report``) or speak NFS (``workload``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from loadgen import gwmetrics
 from loadgen.dataset import Manifest
+from loadgen.gwprocess import GatewayProcess
 from loadgen.nfsclient import NfsError, RpcError
 from loadgen.progress import Progress, say
 from loadgen.proxy import COUNTS_PATH, DelayProxy
@@ -42,8 +38,8 @@ from loadgen.workload import DataMismatch, NodeFailed, NodeGroup, WorkloadSpec
 __all__ = [
     "CONFIGS",
     "Counters",
-    "GatewayProcess",
     "compare",
+    "dataset_info",
     "parse_targets",
     "run_target",
     "write_outputs",
@@ -177,143 +173,6 @@ async def run_target(
     return tr
 
 
-# --------------------------------------------------------------------------- nfsgw processes
-
-
-@dataclass(slots=True)
-class GatewayEndpoints:
-    port: int
-    metrics_port: int
-
-
-class GatewayProcess:
-    """``nfsgw serve`` in a subprocess (this interpreter), on 127.0.0.1 with free ports, a
-    fresh state directory and cache, logging JSON to ``log_path``."""
-
-    def __init__(
-        self,
-        backend_url: str,
-        *,
-        s3_endpoint_url: str | None,
-        flags: list[str],
-        work_dir: Path,
-        env: dict[str, str] | None = None,
-        name: str = "nfsgw",
-        export: str = "/data",
-        startup_timeout_s: float = 60.0,
-    ) -> None:
-        self.backend_url = backend_url
-        self.s3_endpoint_url = s3_endpoint_url
-        self.flags = list(flags)
-        self.work_dir = work_dir
-        self.env = env
-        self.name = name
-        self.export = export
-        self.startup_timeout_s = startup_timeout_s
-        self.log_path = work_dir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.endpoints: GatewayEndpoints | None = None
-
-    @property
-    def argv(self) -> list[str]:
-        args = [
-            sys.executable,
-            "-m",
-            "gateway.ops.cli",
-            "serve",
-            "--listen",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--export",
-            f"{self.export}={self.backend_url}",
-            "--state-dir",
-            str(self.work_dir / f"{self.name}-state"),
-            "--read-only",
-            "--immutable",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-        ]
-        if self.s3_endpoint_url:
-            args += ["--s3-endpoint-url", self.s3_endpoint_url]
-        return args + self.flags
-
-    @property
-    def url(self) -> str:
-        assert self.endpoints is not None
-        return f"nfs://127.0.0.1:{self.endpoints.port}{self.export}"
-
-    @property
-    def metrics_url(self) -> str:
-        assert self.endpoints is not None
-        return f"http://127.0.0.1:{self.endpoints.metrics_port}/metrics"
-
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        with self.log_path.open("wb") as log:
-            return subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,  # its own process group: stop() signals the group
-            )
-
-    async def start(self) -> GatewayEndpoints:
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.proc = await asyncio.to_thread(self._spawn)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:  # bounded by the start-up timeout
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
-                )
-            ep = self._started()
-            if ep is not None:
-                self.endpoints = ep
-                return ep
-            await asyncio.sleep(0.05)
-        await self.stop()
-        raise RuntimeError(f"{self.name} did not start in {self.startup_timeout_s:.0f} s")
-
-    def _started(self) -> GatewayEndpoints | None:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return None
-        for line in text.splitlines():
-            if '"gateway_started"' not in line:
-                continue
-            with contextlib.suppress(ValueError):
-                ev = json.loads(line)
-                # The /metrics port: "admin_port" (the admin API) or, earlier, "metrics_port".
-                mport = ev.get("admin_port") or ev.get("metrics_port") or 0
-                return GatewayEndpoints(int(ev["port"]), int(mport))
-        return None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    async def stop(self, timeout_s: float = 15.0) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.to_thread(proc.wait, timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await asyncio.to_thread(proc.wait, 5.0)
-
-
 # --------------------------------------------------------------------------- compare
 
 
@@ -331,7 +190,7 @@ def write_outputs(run: RunReport, out_dir: str | Path, *, plots: bool = True) ->
     return paths
 
 
-def _dataset_info(manifest: Manifest, spec: WorkloadSpec) -> dict[str, Any]:
+def dataset_info(manifest: Manifest, spec: WorkloadSpec) -> dict[str, Any]:
     entries = manifest.entries[: spec.max_files] if spec.max_files else manifest.entries
     return {
         "files": len(entries),
@@ -376,7 +235,7 @@ async def compare(
     run = RunReport(
         command=command or shlex.join(sys.argv),
         workload=spec.to_json() | {"epochs": epochs},
-        dataset=_dataset_info(manifest, spec),
+        dataset=dataset_info(manifest, spec),
         compute_s=compute_s,
         backend_latency_ms=backend_latency_ms if configs else None,
         backend_bandwidth_mbps=backend_bandwidth_mbps,
@@ -407,14 +266,14 @@ async def compare(
             assert proxy is not None and s3_url is not None
             flags = CONFIGS[name] + list(gateway_args or [])
             gw = GatewayProcess(
-                s3_url,
-                s3_endpoint_url=proxy.endpoint_url,
-                flags=flags,
-                work_dir=work_dir,
-                env=gateway_env,
+                work_dir,
+                [{"path": "/data", "backend": s3_url, "read_only": True, "immutable": True}],
                 name=name,
+                sections={"s3": {"endpoint_url": proxy.endpoint_url}},
+                flags=flags,
+                env=gateway_env,
             )
-            await gw.start()
+            await asyncio.to_thread(gw.start)
             say(f"{name}: gateway on {gw.url} ({' '.join(flags) or 'defaults'}), log {gw.log_path}")
             try:
                 tr = await run_target(
@@ -431,7 +290,7 @@ async def compare(
                     total_files=total,
                 )
             finally:
-                await gw.stop()
+                await asyncio.to_thread(gw.stop, 15.0)
             run.targets.append(tr)
         for name, url in extra_targets:
             run.targets.append(

@@ -277,7 +277,7 @@ def _create_bucket(a: argparse.Namespace) -> None:
 
 
 async def _epochs(a: argparse.Namespace) -> int:
-    from loadgen.bench import Counters, _dataset_info, run_target
+    from loadgen.bench import Counters, dataset_info, run_target
     from loadgen.dataset import Manifest
     from loadgen.report import RunReport
 
@@ -286,7 +286,7 @@ async def _epochs(a: argparse.Namespace) -> int:
     run = RunReport(
         command=shlex.join(["nfsgw-loadgen", *sys.argv[1:]]),
         workload=spec.to_json() | {"epochs": a.epochs},
-        dataset=_dataset_info(manifest, spec),
+        dataset=dataset_info(manifest, spec),
         compute_s=a.compute_time,
         backend_latency_ms=None,
         backend_bandwidth_mbps=None,

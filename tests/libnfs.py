@@ -10,7 +10,7 @@ into ``OSError(errno, nfs_get_error text)``. Must not: import anything from the 
         data = nfs.read_file("/a/b.jpg")
 
 Every call blocks until the server answers: never call it on the event loop that runs the
-gateway under test (``tests.gwharness`` runs the gateway on its own thread). One ``LibNfs`` is
+gateway under test (``tests.harness.thread`` runs it on its own thread). One ``LibNfs`` is
 one libnfs context (one TCP connection); use one per thread.
 
 What libnfs 4.0 does on the wire, which request counts in tests must allow for:

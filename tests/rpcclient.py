@@ -1,5 +1,5 @@
 """The blocking glue of the RPC client core (``nfsproto.client``), for tests on a thread of
-their own (the gateway runs on another: ``tests.gwharness.GatewayThread``): one TCP
+their own (the gateway runs on another: ``tests.harness.thread.GatewayThread``): one TCP
 connection, one call at a time, AUTH_SYS uid/gid 0 unless told otherwise. For the calls a
 well-behaved client never makes (forged handles, other programs, READDIRPLUS driven cookie by
 cookie, a stream that already carried garbage).

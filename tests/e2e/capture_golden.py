@@ -26,7 +26,7 @@ from nfsproto.nfs3 import Nfs3Proc
 from nfsproto.xdr import Reader
 from tests.e2e.guest import Guest, GuestImage
 from tests.e2e.recorder import RecordingForwarder
-from tests.gwharness import GatewayThread
+from tests.harness.thread import GatewayThread
 
 __all__ = ["FILES", "STEMS", "capture"]
 

@@ -34,12 +34,12 @@ import pytest
 
 from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
+from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
 from tests.e2e.guest import Guest, GuestResult
 from tests.e2e.tree import MiB, Tree, md5
 from tests.faultproxy import FaultProxy, Rule
-from tests.gwharness import GatewayThread, LoopThread
-from tests.reliability.gwproc import GatewayProcess
+from tests.harness.thread import GatewayThread, LoopThread
 
 pytestmark = [pytest.mark.s3, pytest.mark.kclient]
 
@@ -453,8 +453,14 @@ def test_backend_outage_is_jukebox_and_the_kernel_retries(
         tmp_path,
         [{"path": "/data", "backend": f"s3://{tree_bucket}/{tree.prefix}", "read_only": True}],
         s3=seaweed,
-        s3_endpoint=proxy.endpoint_url,
-        sections={"s3": {"request_timeout_s": 1.0, "max_attempts": 3, "deadline_s": 2.0}},
+        sections={
+            "s3": {
+                "endpoint_url": proxy.endpoint_url,
+                "request_timeout_s": 1.0,
+                "max_attempts": 3,
+                "deadline_s": 2.0,
+            }
+        },
     )
     jukebox = "nfsgw_rpc_requests_total{proc=NFS3.READ,status=NFS3ERR_JUKEBOX}"
     try:

@@ -25,7 +25,7 @@ from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
 from tests.e2e.guest import Guest
-from tests.gwharness import GatewayThread
+from tests.harness.thread import GatewayThread
 
 pytestmark = [pytest.mark.s3, pytest.mark.kclient]
 

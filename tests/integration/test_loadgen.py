@@ -6,14 +6,15 @@ run. No timing assertions."""
 
 from __future__ import annotations
 
-import os
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from gateway.backend.s3 import S3Store
-from loadgen.bench import Counters, GatewayProcess, run_target
+from loadgen.bench import Counters, run_target
 from loadgen.dataset import DatasetSpec, make_dataset
+from loadgen.gwprocess import GatewayProcess
 from loadgen.proxy import DelayProxy
 from loadgen.report import TargetReport
 from loadgen.seaweed import SeaweedServer
@@ -63,19 +64,22 @@ async def run(
     in_process: bool = False,
 ) -> tuple[TargetReport, str]:
     """The target's report and the tail of the gateway's log (for failure messages)."""
-    env = dict(os.environ)
-    env["AWS_ACCESS_KEY_ID"] = seaweed.access_key
-    env["AWS_SECRET_ACCESS_KEY"] = seaweed.secret_key
+    export = {
+        "path": "/data",
+        "backend": f"s3://{bucket}/train",
+        "read_only": True,
+        "immutable": True,
+    }
     async with DelayProxy(seaweed.endpoint_url, latency_s=0.001) as proxy:
         gw = GatewayProcess(
-            f"s3://{bucket}/train",
-            s3_endpoint_url=proxy.endpoint_url,
-            flags=flags,
-            work_dir=work,
-            env=env,
+            work,
+            [export],
             name=name,
+            sections={"s3": {"endpoint_url": proxy.endpoint_url}},
+            flags=flags,
+            s3=seaweed,
         )
-        await gw.start()
+        await asyncio.to_thread(gw.start)
         try:
             spec = WorkloadSpec(
                 target="", manifest=str(manifest), nodes=nodes, workers=3, batch_size=4
@@ -91,7 +95,7 @@ async def run(
                 show_progress=False,
             )
         finally:
-            await gw.stop()
+            await asyncio.to_thread(gw.stop)
         return tr, gw.log_tail()
 
 

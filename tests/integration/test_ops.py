@@ -19,14 +19,13 @@ import signal
 import socket
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.ops.server import free_port
+from loadgen.gwmetrics import Samples
+from loadgen.gwprocess import GatewayProcess
 from tests.libnfs import LibNfs, libnfs_available
 
 pytestmark = [
@@ -37,36 +36,12 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 CLASSES, PER_CLASS = 3, 4
 N = CLASSES * PER_CLASS
+LOCAL = ["127.0.0.0/8"]
 
-CONFIG = """\
-[server]
-listen = "127.0.0.1"
-port = {port}
-state_dir = "{tmp}/state"
-cache_dir = "{tmp}/cache"
-drain_timeout_s = 5
-uvloop = false
-[admin]
-listen = "127.0.0.1:{admin}"
-[log]
-format = "json"
-[cache]
-memory = "64M"
-[[export]]
-path = "/data"
-backend = "file://{tmp}/src"
-read_only = true
-clients = ["127.0.0.0/8"]
-immutable = true
-{extra}
-"""
-MORE = """
-[[export]]
-path = "/more"
-backend = "file://{tmp}/more"
-read_only = true
-clients = ["127.0.0.0/8"]
-"""
+
+def export(path: str, src: Path, **kw: object) -> dict[str, object]:
+    """A read-only export of a local directory to 127.0.0.0/8."""
+    return {"path": path, "backend": f"file://{src}", "read_only": True, "clients": LOCAL, **kw}
 
 
 class Manager:
@@ -89,69 +64,17 @@ class Manager:
                 return msg
 
 
-class Gateway:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.port = free_port()
-        self.admin = free_port()
-        self.config = tmp / "nfsgw.toml"
-        self.write_config()
-        self.manager = Manager(tmp / "notify.sock")
-        self.log = (tmp / "stdout.log").open("w+")
-        env = {
-            **os.environ,
-            "NOTIFY_SOCKET": str(self.manager.path),
-            "WATCHDOG_USEC": "2000000",
-            "WATCHDOG_PID": "",
-        }
-        env.pop("NFSGW_CONFIG", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.ops.cli", "serve", "--config", str(self.config)],
-            cwd=REPO,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def write_config(self, extra: str = "", text: str | None = None) -> None:
-        if text is None:
-            text = CONFIG.format(
-                port=self.port, admin=self.admin, tmp=self.tmp, extra=extra.format(tmp=self.tmp)
-            )
-        self.config.write_text(text)
-
-    def url(self, path: str) -> str:
-        return (
-            f"nfs://127.0.0.1{path}?nfsport={self.port}&mountport={self.port}&version=3"
-            "&auto-traverse-mounts=0"
-        )
-
-    def http(self, path: str) -> bytes:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}{path}", timeout=30) as r:
-            body: bytes = r.read()
-            return body
-
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        out = {}
-        for fam in text_string_to_metric_families(self.http("/metrics").decode()):
-            for s in fam.samples:
-                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-        return out
-
-    def lines(self) -> list[dict[str, object]]:
-        self.log.flush()
-        return [json.loads(x) for x in (self.tmp / "stdout.log").read_text().splitlines() if x]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-        self.log.close()
-        self.manager.sock.close()
+@pytest.fixture
+def manager(tmp_path: Path) -> Iterator[Manager]:
+    m = Manager(tmp_path / "notify.sock")
+    try:
+        yield m
+    finally:
+        m.sock.close()
 
 
 @pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[Gateway]:
+def gateway(tmp_path: Path, manager: Manager) -> Iterator[GatewayProcess]:
     for c in range(CLASSES):
         d = tmp_path / "src" / "train" / f"c{c}"
         d.mkdir(parents=True)
@@ -159,26 +82,40 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
             (d / f"img{i}.jpg").write_bytes(bytes([c, i]) * (500 + i))
     (tmp_path / "more").mkdir()
     (tmp_path / "more" / "readme").write_bytes(b"more\n")
-    gw = Gateway(tmp_path)
+    gw = GatewayProcess(
+        tmp_path,
+        [export("/data", tmp_path / "src", immutable=True)],
+        sections={
+            "server": {"cache_dir": str(tmp_path / "cache"), "drain_timeout_s": 5, "uvloop": False},
+            "cache": {"memory": "64M"},
+        },
+        env={
+            **os.environ,
+            "NOTIFY_SOCKET": str(manager.path),
+            "WATCHDOG_USEC": "2000000",
+            "WATCHDOG_PID": "",
+        },
+    )
     try:
-        yield gw
+        yield gw.start()
     finally:
-        gw.stop()
+        gw.kill()
 
 
-def _get(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **lb: str) -> float:
-    return m.get((name, tuple(sorted(lb.items()))), 0.0)
+def _get(m: Samples, name: str, **lb: str) -> float:
+    labels = ",".join(f"{k}={v}" for k, v in sorted(lb.items()))
+    return m.get(f"{name}{{{labels}}}" if lb else name, 0.0)
 
 
-def test_service_life_metrics_reload_and_logs(gateway: Gateway) -> None:
-    ready = gateway.manager.wait_for("READY")
+def test_service_life_metrics_reload_and_logs(gateway: GatewayProcess, manager: Manager) -> None:
+    ready = manager.wait_for("READY")
     assert ready["STATUS"] == f"serving 1 export on port {gateway.port}"
-    assert ready["MAINPID"] == str(gateway.proc.pid)
-    gateway.manager.wait_for("WATCHDOG")
+    assert ready["MAINPID"] == str(gateway.pid)
+    manager.wait_for("WATCHDOG")
     assert json.loads(gateway.http("/readyz")) == {"ready": True, "backends": {"/data": "ok"}}
 
     before = gateway.metrics()
-    with LibNfs(gateway.url("/data")) as nfs:
+    with LibNfs(gateway.libnfs_url("/data")) as nfs:
         for c in range(CLASSES):
             for i in range(PER_CLASS):
                 data = nfs.read_file(f"/train/c{c}/img{i}.jpg")
@@ -206,20 +143,19 @@ def test_service_life_metrics_reload_and_logs(gateway: Gateway) -> None:
         assert stats["backend_requests_per_file_opened"] == round((N + 2 + CLASSES + 1) / N, 4)
 
         # SIGHUP: a new export; the open connection keeps working
-        gateway.write_config(MORE)
-        gateway.proc.send_signal(signal.SIGHUP)
-        gateway.manager.wait_for("RELOADING")
-        assert gateway.manager.wait_for("READY")["STATUS"] == (
-            f"serving 2 exports on port {gateway.port}"
-        )
+        gateway.exports.append(export("/more", gateway.work_dir / "more"))
+        gateway.write_config()
+        gateway.send_signal(signal.SIGHUP)
+        manager.wait_for("RELOADING")
+        assert manager.wait_for("READY")["STATUS"] == (f"serving 2 exports on port {gateway.port}")
         assert nfs.read_file("/train/c0/img0.jpg") == bytes([0, 0]) * 500
-        with LibNfs(gateway.url("/more")) as more:
+        with LibNfs(gateway.libnfs_url("/more")) as more:
             assert more.read_file("/readme") == b"more\n"
         # a bad file: refused, logged, the running configuration keeps serving
-        gateway.write_config(text='[server]\nport = "2049"\n')
-        gateway.proc.send_signal(signal.SIGHUP)
-        gateway.manager.wait_for("RELOADING")
-        gateway.manager.wait_for("READY")
+        gateway.config_path.write_text('[server]\nport = "2049"\n')
+        gateway.send_signal(signal.SIGHUP)
+        manager.wait_for("RELOADING")
+        manager.wait_for("READY")
         assert nfs.read_file("/train/c1/img1.jpg") == bytes([1, 1]) * 501
         m = gateway.metrics()
         # only the /more client's connections are new (libnfs: MOUNT, NFS, and UMNT when the
@@ -229,21 +165,21 @@ def test_service_life_metrics_reload_and_logs(gateway: Gateway) -> None:
         assert _get(m, "nfsgw_connections") == 1
         assert _get(m, "nfsgw_config_reloads_total", outcome="ok") == 1
         assert _get(m, "nfsgw_config_reloads_total", outcome="error") == 1
-        calls = sum(v for (name, _), v in m.items() if name == "nfsgw_rpc_requests_total")
+        calls = sum(v for k, v in m.items() if k.startswith("nfsgw_rpc_requests_total{"))
 
     # SIGTERM: STOPPING=1, drain, exit 0
-    gateway.proc.send_signal(signal.SIGTERM)
-    stopping = gateway.manager.wait_for("STOPPING")
+    gateway.send_signal(signal.SIGTERM)
+    stopping = manager.wait_for("STOPPING")
     assert int(stopping["EXTEND_TIMEOUT_USEC"]) >= 5_000_000
-    assert gateway.proc.wait(60) == 0
+    assert gateway.wait(60) == 0
 
-    lines = gateway.lines()
+    lines = [json.loads(x) for x in gateway.log_path.read_text().splitlines() if x]
     events = [str(x["event"]) for x in lines]
     assert all({"event", "level", "timestamp"} <= set(x) for x in lines)
     assert events.count("connection_opened") == events.count("connection_closed") == 6
     (failed,) = [x for x in lines if x["event"] == "config_reload_failed"]
     assert failed["level"] == "error"
-    assert any(":2: server.port: must be an integer" in e for e in failed["errors"])  # type: ignore[attr-defined]
+    assert any(":2: server.port: must be an integer" in e for e in failed["errors"])
     assert events.count("config_reloaded") == 1
     assert events[-1] == "gateway_stopped" and "gateway_drained" in events
     # never a line per successful RPC: directory listings are the only per-call lines here

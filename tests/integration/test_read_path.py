@@ -1,5 +1,5 @@
 """The read path end to end, with an independent client: SeaweedFS <- counting proxy <- gateway
-(``tests.gwharness``, its own thread and loop) <- libnfs (``tests.libnfs``, blocking calls
+(``tests.harness.thread``, its own thread and loop) <- libnfs (``tests.libnfs``, blocking calls
 on the test's threads).
 
 One bucket per module holds a synthetic ImageFolder tree (``tests.datasets``); one gateway
@@ -47,8 +47,9 @@ from nfsproto.nfs3 import (
 )
 from nfsproto.rpc import AcceptStat
 from tests.datasets import Dataset, Expected, SpyStore, build_imagefolder, md5, upload
-from tests.gwharness import GatewayThread, LoopThread, OffsetClock, RawRpc, delta
+from tests.harness.thread import GatewayThread, LoopThread, OffsetClock, delta
 from tests.libnfs import NF3DIR, NF3REG, SEEK_CUR, SEEK_END, SEEK_SET, LibNfs, libnfs_available
+from tests.rpcclient import BlockingRpcClient
 
 pytestmark = [
     pytest.mark.s3,
@@ -156,7 +157,7 @@ def gw(
 
 @pytest.fixture(scope="module")
 def nfs(gw: GatewayThread) -> Iterator[LibNfs]:
-    with LibNfs(gw.url("/data")) as client:
+    with LibNfs(gw.libnfs_url("/data")) as client:
         yield client
 
 
@@ -360,7 +361,7 @@ def test_16_concurrent_readers_fetch_every_block_once(gw: GatewayThread, dataset
     digests = [md5(body[i * MiB : (i + 1) * MiB]) for i in range(nblocks)]
     readers = 16
     barrier = threading.Barrier(readers)
-    url = gw.url("/data")
+    url = gw.libnfs_url("/data")
     before, data_before = gw.backend_counts(), gw.data_stats()
 
     def read_all(i: int) -> int:
@@ -451,7 +452,7 @@ def ttl_gw(
 
 
 def _readdirplus_all(
-    c: RawRpc, dirfh: bytes, midway: Callable[[], None], half: int
+    c: BlockingRpcClient, dirfh: bytes, midway: Callable[[], None], half: int
 ) -> tuple[list[bytes], int]:
     """READDIRPLUS at libnfs's 8 KiB cap, cookie by cookie; ``midway()`` runs once after at
     least ``half`` entries. Returns the names (without . and ..) and the number of calls."""
@@ -521,7 +522,7 @@ def test_readdirplus_cookies_survive_relist(
             asyncio.run(s3("delete", [gone_ahead, gone_behind]))
             g.call(ns.invalidate, WIDE)
 
-    with RawRpc("127.0.0.1", g.port) as c:
+    with BlockingRpcClient("127.0.0.1", g.port) as c:
         root = c.mnt(b"/data")
         assert root.status == mount3.MountStat3.MNT3_OK
         look = c.nfs(Nfs3Proc.LOOKUP, Lookup3Args(Diropargs3(root.fhandle, WIDE.encode())))
@@ -556,7 +557,7 @@ def test_readdirplus_cookies_survive_relist(
 
 def test_bad_input(gw: GatewayThread, nfs: LibNfs, dataset: Dataset) -> None:
     before = gw.backend_counts()
-    with RawRpc("127.0.0.1", gw.port) as c:
+    with BlockingRpcClient("127.0.0.1", gw.port) as c:
         # MOUNT of an unknown export
         assert c.mnt(b"/nope").status == mount3.MountStat3.MNT3ERR_NOENT
         root = c.mnt(b"/data")
@@ -578,7 +579,7 @@ def test_bad_input(gw: GatewayThread, nfs: LibNfs, dataset: Dataset) -> None:
         w = c.nfs(Nfs3Proc.WRITE, Write3Args(look.object, 0, 5, StableHow.FILE_SYNC, b"HELLO"))
         assert w.status == NfsStat3.NFS3ERR_ROFS
     with pytest.raises(OSError):
-        LibNfs(gw.url("/nope"))
+        LibNfs(gw.libnfs_url("/nope"))
     with pytest.raises(OSError):
         nfs.open("/README.txt", os.O_WRONLY)
     assert nfs.read_file("/README.txt") == dataset.files["README.txt"]

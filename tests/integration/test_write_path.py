@@ -1,6 +1,6 @@
-"""The write path end to end with an independent client: SeaweedFS <- gateway (``tests.gwharness``
-on its own thread, or a subprocess for the crash test) <- libnfs (``tests.libnfs`` plus the
-write calls below, blocking, on the test's thread).
+"""The write path end to end with an independent client: SeaweedFS <- gateway
+(``tests.harness.thread`` on its own thread, or ``loadgen.gwprocess`` for the crash test) <-
+libnfs (``tests.libnfs`` plus the write calls below, blocking, on the test's thread).
 
 Each test gets a fresh bucket and a read-write export ``/data`` of it. What is checked is
 what S3 ends up holding (read back with our S3 store), what libnfs reads back, and request
@@ -18,12 +18,8 @@ import ctypes
 import errno
 import hashlib
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from ctypes import POINTER, byref, c_char_p, c_int, c_uint64, c_void_p
 from pathlib import Path
 from typing import Any
@@ -33,7 +29,7 @@ import pytest
 from gateway.backend.base import ObjectNotFound
 from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
-from gateway.ops.server import free_port
+from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
 from nfsproto import nfs3
 from nfsproto.nfs3 import (
@@ -45,8 +41,9 @@ from nfsproto.nfs3 import (
     Sattr3,
     StableHow,
 )
-from tests.gwharness import GatewayThread, RawRpc, delta
+from tests.harness.thread import GatewayThread, delta
 from tests.libnfs import NF3DIR, NF3LNK, NF3REG, LibNfs, libnfs_available, load_libnfs
+from tests.rpcclient import BlockingRpcClient
 
 pytestmark = [
     pytest.mark.s3,
@@ -190,7 +187,7 @@ def gw(seaweed: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[GatewayT
 
 @pytest.fixture
 def nfs(gw: GatewayThread) -> Iterator[WNfs]:
-    with WNfs(gw.url("/data"), timeout_ms=120_000) as c:
+    with WNfs(gw.libnfs_url("/data"), timeout_ms=120_000) as c:
         yield c
 
 
@@ -358,86 +355,23 @@ def test_symlink_chmod_utimes_link(gw: GatewayThread, nfs: WNfs, s3: S3) -> None
 # --------------------------------------------------------------------------- crash
 
 
-_GATEWAY_MAIN = textwrap.dedent(
-    """
-    import asyncio, json, signal, sys
-    from pathlib import Path
-    from gateway.backend import open_store
-    from gateway.exports import ExportConfig
-    from gateway.ops.config import ServerConfig
-    from gateway.ops.server import Server
-
-    a = json.loads(sys.argv[1])
-
-    def factory(ec, observer):
-        return open_store(ec.backend, observer=observer, addressing_style="path", **a["s3"])
-
-    async def main():
-        cfg = ServerConfig.of(
-            (ExportConfig("/data", a["backend"], squash="none"),),
-            server_listen="127.0.0.1", server_port=a["port"], server_state_dir=Path(a["state"]),
-            server_uvloop=False, writes_part_size=5 << 20, writes_flush_idle_s=0.0,
-        )
-        server = Server(cfg, store_factory=factory)
-        await server.start()
-        print("READY", server.port, flush=True)
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
-    """
-)
-
-
-class GatewayProcess:
-    """The gateway in a subprocess (so it can be killed with SIGKILL)."""
-
-    def __init__(self, port: int, state: Path, backend: str, s3: Mapping[str, Any]) -> None:
-        import json
-
-        args = json.dumps(
-            {
-                "port": port,
-                "state": str(state),
-                "backend": backend,
-                "s3": {k: str(v) for k, v in s3.items() if v is not None},
-            }
-        )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _GATEWAY_MAIN, args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=Path(__file__).resolve().parents[2],
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        for _ in range(1000):  # log lines precede READY
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"gateway exited: {self.proc.wait()}")
-            if line.startswith("READY"):
-                self.port = int(line.split()[1])
-                break
-        else:
-            raise RuntimeError("gateway did not start")
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
-
-
 def test_unstable_write_lost_by_kill9_is_resent_after_restart(
     seaweed: SeaweedServer, bucket: str, tmp_path: Path
 ) -> None:
-    state = tmp_path / "state"
-    port = free_port()
-    backend = f"s3://{bucket}/ds/"
-    kw = seaweed.store_kwargs()
     data = os.urandom(PART + 4096)  # one full part streams before the crash
-    g = GatewayProcess(port, state, backend, kw)
+    g = GatewayProcess(
+        tmp_path,
+        [{"path": "/data", "backend": f"s3://{bucket}/ds/", "squash": "none"}],
+        s3=seaweed,
+        sections={
+            "server": {"uvloop": False},
+            "writes": {"part_size": PART, "flush_idle_s": 3600},  # no upload before the kill
+        },
+    )
+    spool = g.state_dir / "spool"
     try:
-        rpc = RawRpc("127.0.0.1", g.port)
+        g.start()
+        rpc = BlockingRpcClient("127.0.0.1", g.port)
         root = rpc.mnt(b"/data").fhandle
         cr = rpc.nfs(
             Nfs3Proc.CREATE,
@@ -458,13 +392,11 @@ def test_unstable_write_lost_by_kill9_is_resent_after_restart(
             verfs.add(w.verf)
         assert len(verfs) == 1
         rpc.close()
-    finally:
         g.kill()  # before any COMMIT
-    assert list((state / "spool").iterdir())  # the spool (and an upload journal) left behind
+        assert list(spool.iterdir())  # the spool (and an upload journal) left behind
 
-    g = GatewayProcess(port, state, backend, kw)
-    try:
-        rpc = RawRpc("127.0.0.1", g.port)
+        g.start()  # same port, same state directory
+        rpc = BlockingRpcClient("127.0.0.1", g.port)
         root = rpc.mnt(b"/data").fhandle
         # the handle still works; the object is still the empty one CREATE stored
         ga = rpc.nfs(Nfs3Proc.GETATTR, nfs3.Getattr3Args(fh))
@@ -481,15 +413,13 @@ def test_unstable_write_lost_by_kill9_is_resent_after_restart(
         cm2 = rpc.nfs(Nfs3Proc.COMMIT, nfs3.Commit3Args(fh, 0, 0))
         assert cm2.status == NfsStat3.NFS3_OK and cm2.verf == cm.verf
         rpc.close()
-        with LibNfs(
-            f"nfs://127.0.0.1/data?nfsport={g.port}&mountport={g.port}&version=3"
-            "&auto-traverse-mounts=0"
-        ) as c:
+        with LibNfs(g.libnfs_url("/data")) as c:
             assert md5(c.read_file("ckpt")) == md5(data)
         # the previous run's spool files are gone (only this run's journal-free state)
-        assert not list((state / "spool").iterdir())
+        assert not list(spool.iterdir())
     finally:
         g.kill()
+    kw = seaweed.store_kwargs()
 
     async def check() -> bytes:
         store = S3Store(bucket, **kw)

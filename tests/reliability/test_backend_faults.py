@@ -27,13 +27,14 @@ from pathlib import Path
 
 import pytest
 
+from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
 from nfsproto import nfs3
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3, StableHow
 from tests.e2e.tree import Tree, md5
 from tests.faultproxy import FAULTS, FaultProxy, Rule
-from tests.gwharness import LoopThread, RawRpc
-from tests.reliability.gwproc import GatewayProcess
+from tests.harness.thread import LoopThread
+from tests.rpcclient import BlockingRpcClient
 
 pytestmark = [pytest.mark.s3]
 
@@ -74,7 +75,7 @@ class Env:
         self.gw = gw
         self.proxy = proxy
         self.tree = tree
-        self.rpc = RawRpc("127.0.0.1", gw.port, timeout_s=CLIENT_TIMEOUT_S)
+        self.rpc = BlockingRpcClient("127.0.0.1", gw.port, timeout_s=CLIENT_TIMEOUT_S)
         self.root = self.rpc.mnt(b"/data").fhandle
         self.rw = self.rpc.mnt(b"/rw").fhandle
         self._fh: dict[str, bytes] = {}
@@ -122,8 +123,14 @@ def env(
             {"path": "/rw", "backend": f"s3://{tree_bucket}/faults-rw/", "squash": "none"},
         ],
         s3=seaweed,
-        s3_endpoint=proxy.p.endpoint_url,
-        sections={"s3": {"request_timeout_s": 1.0, "max_attempts": 4, "deadline_s": 4.0}},
+        sections={
+            "s3": {
+                "endpoint_url": proxy.p.endpoint_url,
+                "request_timeout_s": 1.0,
+                "max_attempts": 4,
+                "deadline_s": 4.0,
+            }
+        },
     )
     try:
         gw.start()

@@ -31,7 +31,8 @@ from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
 from nfsproto import nfs3
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3
-from tests.gwharness import GatewayThread, OffsetClock, RawRpc
+from tests.harness.thread import GatewayThread, OffsetClock
+from tests.rpcclient import BlockingRpcClient
 
 pytestmark = [pytest.mark.s3]
 
@@ -46,7 +47,7 @@ class Env:
         self.clock = clock
         self.s3 = s3
         self.bucket = bucket
-        self.rpc = RawRpc("127.0.0.1", gw.port)
+        self.rpc = BlockingRpcClient("127.0.0.1", gw.port)
         self.root = self.rpc.mnt(b"/data").fhandle
 
     def put(self, key: str, body: bytes) -> None:
@@ -55,7 +56,7 @@ class Env:
     def delete(self, key: str) -> None:
         self.s3.delete_object(Bucket=self.bucket, Key="ds/" + key)
 
-    def lookup(self, path: str, rpc: RawRpc | None = None) -> tuple[NfsStat3, bytes]:
+    def lookup(self, path: str, rpc: BlockingRpcClient | None = None) -> tuple[NfsStat3, bytes]:
         c = rpc or self.rpc
         fh = self.root
         for name in path.split("/"):
@@ -66,7 +67,7 @@ class Env:
         return OK, fh
 
     def read(
-        self, fh: bytes, offset: int = 0, count: int = 4 * MiB, rpc: RawRpc | None = None
+        self, fh: bytes, offset: int = 0, count: int = 4 * MiB, rpc: BlockingRpcClient | None = None
     ) -> tuple[NfsStat3, bytes]:
         res = (rpc or self.rpc).nfs(Nfs3Proc.READ, nfs3.Read3Args(fh, offset, count))
         return res.status, bytes(res.data) if res.status == OK else b""
@@ -190,7 +191,7 @@ def test_reads_never_mix_versions(env: Env) -> None:
     counts: Counter[str] = Counter()
 
     def reader(offset: int) -> None:
-        with RawRpc("127.0.0.1", env.gw.port) as c:
+        with BlockingRpcClient("127.0.0.1", env.gw.port) as c:
             for _ in range(5000):
                 if stop.is_set():
                     return

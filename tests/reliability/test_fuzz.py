@@ -2,12 +2,12 @@
 credentials, every procedure's argument decoding and the dispatcher's one mapping site, and
 the transport's stall rule.
 
-A real ``Server`` over in-memory stores runs on a loop thread; records go straight to its
-dispatcher (no sockets, tens of thousands of cases in seconds). Every record gets exactly the
-outcome ``rpcfuzz.expected`` derives from RFC 5531 and the gateway's rules (no reply, an RPC
-error, an auth error, or a result that decodes completely), within a bound (a hung call fails
-the test), and no call ever ends in NFS3ERR_SERVERFAULT (a handler crash). ``NFSGW_FUZZ_CASES``
-scales the mutation count (CI: 50,000).
+The in-memory gateway (``tests.harness.memory``) runs on a loop thread; records go straight
+to its dispatcher (no sockets, tens of thousands of cases in seconds). Every record gets
+exactly the outcome ``rpcfuzz.expected`` derives from RFC 5531 and the gateway's rules (no
+reply, an RPC error, an auth error, or a result that decodes completely), within a bound (a
+hung call fails the test), and no call ever ends in NFS3ERR_SERVERFAULT (a handler crash).
+``NFSGW_FUZZ_CASES`` scales the mutation count (CI: 50,000).
 """
 
 from __future__ import annotations
@@ -24,15 +24,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.dispatch import CallObserver
 from gateway.exports import ExportConfig
-from gateway.ops.server import Server
 from gateway.transport import ConnectionStats, Peer, RpcConnection, TransportLimits
 from nfsproto import mount3, nfs3, rpc
-from nfsproto.nfs3 import Diropargs3, Nfs3Proc
+from nfsproto.nfs3 import Nfs3Proc
 from nfsproto.rpc import LAST_FRAGMENT, AuthStat, RecordError, RecordReader
-from nfsproto.xdr import Reader, Writer
-from tests.gwharness import LoopThread
+from nfsproto.xdr import Writer
+from tests.harness.memory import MemoryGateway
+from tests.harness.thread import LoopThread
 from tests.reliability.rpcfuzz import (
     Handles,
     Mutator,
@@ -45,71 +44,31 @@ from tests.reliability.rpcfuzz import (
     seed_calls,
 )
 from tests.unit.nfsproto.strategies_nfs3 import ARGS
-from tests.unit.ops.helpers import Stores, make_config, running
 
 CASES = int(os.environ.get("NFSGW_FUZZ_CASES", "50000"))
 CALL_BOUND_S = 10.0
-PEER = Peer("127.0.0.1", 800, 2049)
-
-
-class Recorder(CallObserver):
-    """Forwards to the server's metrics and keeps every (procedure, status)."""
-
-    def __init__(self, inner: CallObserver) -> None:
-        self.inner = inner
-        self.statuses: Counter[tuple[str, str]] = Counter()
-
-    def call(self, proc: str, status: str, seconds: float) -> None:
-        self.statuses[(proc, status)] += 1
-        self.inner.call(proc, status, seconds)
-
-    def rpc_error(self, kind: str) -> None:
-        self.inner.rpc_error(kind)
 
 
 class Target:
-    """The server on its loop thread, its handles, and a blocking ``dispatch``."""
+    """The in-memory gateway on its loop thread, its handles, and a blocking ``dispatch``."""
 
-    def __init__(self, loop: LoopThread, server: Server, recorder: Recorder) -> None:
+    def __init__(self, loop: LoopThread, gw: MemoryGateway) -> None:
         self.loop = loop
-        self.server = server
-        self.recorder = recorder
+        self.gw = gw
         self.handles: Handles | None = None
 
     def dispatch(self, record: bytes) -> bytes | None:
         async def go() -> bytes | None:
             async with asyncio.timeout(CALL_BOUND_S):
-                out = await self.server.dispatcher.handle(record, PEER)
-            return None if out is None else b"".join(bytes(b) for b in out)
+                return await self.gw.record(record)
 
         return self.loop.run(go(), timeout=CALL_BOUND_S + 5)
 
-    def call(self, prog: int, vers: int, proc: int, args: bytes) -> Reader:
-        reply = self.dispatch(make_call(0x1234, prog, vers, proc, args))
-        assert reply is not None
-        r = Reader(reply)
-        h = rpc.unpack_reply(r)
-        assert h.accept_stat == rpc.AcceptStat.SUCCESS, h
-        return r
-
-    def nfs(self, proc: Nfs3Proc, args: Any) -> Any:
-        codec = nfs3.PROCS[proc]
-        w = Writer()
-        codec.pack_args(w, args)
-        return codec.unpack_res(self.call(nfs3.PROGRAM, 3, proc, w.getvalue()))
-
     def mount(self, path: bytes) -> bytes:
-        w = Writer()
-        mount3.pack_mnt3args(w, mount3.Mnt3Args(path))
-        res = mount3.unpack_mnt3res(self.call(mount3.PROGRAM, 3, 1, w.getvalue()))
-        assert res.status == 0, res
-        return res.fhandle
+        return self.loop.run(self.gw.mount(path))
 
-    def lookup(self, d: bytes, name: bytes) -> bytes:
-        res = self.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(Diropargs3(d, name)))
-        assert res.status == 0, res
-        fh: bytes = res.object
-        return fh
+    def walk(self, d: bytes, path: str) -> bytes:
+        return self.loop.run(self.gw.walk(d, path))
 
 
 @pytest.fixture(scope="module")
@@ -117,31 +76,26 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     tmp: Path = tmp_path_factory.mktemp("fuzz")
     files = {f"data/d/f{i}.bin": bytes([i]) * (100 * i + 1) for i in range(10)}
     files["data/d/sub/x"] = b"x"
-    stores = Stores({"/data": files, "/rw": {"rw/file.bin": b"0123456789"}})
+    files["rw/file.bin"] = b"0123456789"
     exports = [
         ExportConfig("/data", "s3://b/data/", read_only=True),
         ExportConfig("/rw", "s3://b/rw/", squash="none"),
     ]
-    config = make_config(tmp, exports)
     loop = LoopThread("fuzz").start()
-    ctx = running(config, stores)
-    server = loop.run(ctx.__aenter__())
-    recorder = Recorder(server.dispatcher.observer)
-    server.dispatcher.observer = recorder
-    t = Target(loop, server, recorder)
+    gw = MemoryGateway.of(tmp, exports, files=files)
+    loop.run(gw.__aenter__())
+    t = Target(loop, gw)
     try:
         root = t.mount(b"/data")
-        d = t.lookup(root, b"d")
+        d = t.walk(root, "d")
         rw_root = t.mount(b"/rw")
-        t.handles = Handles(
-            root, d, t.lookup(d, b"f3.bin"), rw_root, t.lookup(rw_root, b"file.bin")
-        )
+        t.handles = Handles(root, d, t.walk(d, "f3.bin"), rw_root, t.walk(rw_root, "file.bin"))
         yield t
-        crashes = {k: v for k, v in recorder.statuses.items() if "SERVERFAULT" in k[1]}
+        crashes = {k: v for k, v in gw.statuses().items() if "SERVERFAULT" in k[1]}
         assert not crashes, f"handler crashes (NFS3ERR_SERVERFAULT): {crashes}"
     finally:
         try:
-            loop.run(ctx.__aexit__(None, None, None))
+            loop.run(gw.__aexit__(None, None, None))
         finally:
             loop.close()
 

@@ -33,7 +33,7 @@ from nfsproto import nfs3, rpc
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3
 from nfsproto.rpc import LAST_FRAGMENT, RecordError, RecordReader
 from tests.e2e.tree import Tree, md5
-from tests.gwharness import GatewayThread
+from tests.harness.thread import GatewayThread
 from tests.reliability.rpcfuzz import Handles, Mutator, check_reply, expected, make_call, seed_calls
 from tests.rpcclient import BlockingRpcClient
 

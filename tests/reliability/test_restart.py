@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 
 from loadgen.dataset import Manifest, ManifestEntry
+from loadgen.gwprocess import GatewayProcess
 from loadgen.nfsclient import NfsClient
 from loadgen.seaweed import SeaweedServer
 from loadgen.workload import Node, WorkloadSpec
 from nfsproto import nfs3
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3
 from tests.e2e.tree import LONG_NAME, Tree, md5
-from tests.gwharness import RawRpc
-from tests.reliability.gwproc import GatewayProcess
+from tests.rpcclient import BlockingRpcClient
 
 pytestmark = [pytest.mark.s3]
 
@@ -69,7 +69,7 @@ def gw(
         g.stop()
 
 
-def _lookup(rpc: RawRpc, root: bytes, path: str) -> bytes:
+def _lookup(rpc: BlockingRpcClient, root: bytes, path: str) -> bytes:
     fh = root
     for name in path.split("/"):
         res = rpc.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(Diropargs3(fh, name.encode())))
@@ -90,7 +90,7 @@ def test_kill9_mid_epoch_then_the_epoch_completes(gw: GatewayProcess, tree: Tree
         seed=3,
     )
     # a long path's handle, taken before the first kill, used after the last
-    with RawRpc("127.0.0.1", gw.port) as r:
+    with BlockingRpcClient("127.0.0.1", gw.port) as r:
         long_fh = _lookup(r, r.mnt(b"/data").fhandle, f"extras/{LONG_NAME}")
     assert len(long_fh) == 28  # the hashed form: its path lives in the state directory
 
@@ -137,7 +137,7 @@ def test_kill9_mid_epoch_then_the_epoch_completes(gw: GatewayProcess, tree: Tree
     assert gw.starts == RESTARTS + 1
     bad = {k: v for k, v in gw.metrics().items() if ("STALE" in k or "BADHANDLE" in k) and v}
     assert not bad, bad
-    with RawRpc("127.0.0.1", gw.port) as r:
+    with BlockingRpcClient("127.0.0.1", gw.port) as r:
         res = r.nfs(Nfs3Proc.READ, nfs3.Read3Args(long_fh, 0, 1 << 20))
         assert res.status == OK and md5(bytes(res.data)) == md5(tree.files[f"extras/{LONG_NAME}"])
 
@@ -146,14 +146,13 @@ def test_a_new_secret_makes_old_handles_stale_not_wrong(
     gw: GatewayProcess, tree: Tree, tmp_path: Path
 ) -> None:
     paths = [*tree.train_files()[:20], f"extras/{LONG_NAME}", "extras/big.bin", "extras"]
-    with RawRpc("127.0.0.1", gw.port) as r:
+    with BlockingRpcClient("127.0.0.1", gw.port) as r:
         root = r.mnt(b"/data").fhandle
         old = {p: _lookup(r, root, p) for p in paths}
     gw.kill()
-    gw.state_dir = tmp_path / "new-state"  # a new handle secret
-    gw.sections["server"]["state_dir"] = str(gw.state_dir)
+    gw.sections["server"]["state_dir"] = str(tmp_path / "new-state")  # a new handle secret
     gw.start()
-    with RawRpc("127.0.0.1", gw.port) as r:
+    with BlockingRpcClient("127.0.0.1", gw.port) as r:
         for p, fh in [*old.items(), ("/", root)]:
             for proc, args in (
                 (Nfs3Proc.GETATTR, nfs3.Getattr3Args(fh)),

@@ -34,8 +34,9 @@ from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3
 from nfsproto.rpc import AcceptStat, AuthStat, RejectStat
 from nfsproto.xdr import Writer
 from tests.e2e.tree import LONG_NAME, Tree
-from tests.gwharness import GatewayThread, RawRpc
+from tests.harness.thread import GatewayThread
 from tests.reliability.rpcfuzz import credential_cases
+from tests.rpcclient import BlockingRpcClient
 
 pytestmark = [pytest.mark.s3]
 
@@ -48,7 +49,7 @@ class Env:
     def __init__(self, gw: GatewayThread, tree: Tree) -> None:
         self.gw = gw
         self.tree = tree
-        self.rpc = RawRpc("127.0.0.1", gw.port)
+        self.rpc = BlockingRpcClient("127.0.0.1", gw.port)
         self.root = self.rpc.mnt(b"/data").fhandle
 
     def lookup(self, path: str, root: bytes | None = None) -> Any:
@@ -174,7 +175,7 @@ def test_foreign_handles(
             state_dir=tmp_path / "other",
             s3=seaweed.store_kwargs(),
         ) as other,
-        RawRpc("127.0.0.1", other.port) as o,
+        BlockingRpcClient("127.0.0.1", other.port) as o,
     ):
         theirs = [o.mnt(b"/data").fhandle, o.mnt(b"/elsewhere").fhandle]
         d = o.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(Diropargs3(theirs[0], b"extras"))).object
@@ -190,7 +191,7 @@ def test_foreign_handles(
             state_dir=state,
             s3=seaweed.store_kwargs(),
         ) as same,
-        RawRpc("127.0.0.1", same.port) as s,
+        BlockingRpcClient("127.0.0.1", same.port) as s,
     ):
         fh = s.mnt(b"/elsewhere").fhandle
     res = env.rpc.nfs(Nfs3Proc.GETATTR, nfs3.Getattr3Args(fh))

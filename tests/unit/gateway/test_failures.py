@@ -2,14 +2,13 @@
 failure answers (wcc_data, post_op_attr) whatever layer failed; every failure is logged once,
 at the level its error type carries, and counted by the status of the reply.
 
-Calls go straight into the server's dispatcher (no socket) over in-memory stores whose
-failure hook injects backend errors.
+Calls go straight into the server's dispatcher (``tests.harness.memory``: no socket) over
+an in-memory store whose failure hook injects backend errors.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,14 +17,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.backend.base import BackendError, BackendUnavailable
-from gateway.backend.memory import MemoryStore
-from gateway.dispatch import CallObserver
 from gateway.errors import IoError, NotFound
 from gateway.exports import ExportConfig
 from gateway.handlers.common import on_failure
-from gateway.ops.server import Server
-from gateway.transport import Peer
-from nfsproto import mount3, nfs3, rpc
+from nfsproto import mount3, nfs3
 from nfsproto.nfs3 import (
     CreateHow3,
     CreateMode3,
@@ -36,69 +31,21 @@ from nfsproto.nfs3 import (
     Remove3Res,
     Sattr3,
 )
-from nfsproto.rpc import AcceptStat
-from nfsproto.xdr import Reader, Writer
-from tests.unit.ops.helpers import ROOT_CRED, Stores, make_config, running
+from tests.harness.memory import PEER, MemoryGateway
 
-PEER = Peer("127.0.0.1", 700, 2049)
 HANDLERS = Path(__file__).parents[3] / "gateway" / "handlers"
 
 
-class Recorder(CallObserver):
-    def __init__(self) -> None:
-        self.statuses: Counter[tuple[str, str]] = Counter()
-
-    def call(self, proc: str, status: str, seconds: float) -> None:
-        self.statuses[(proc, status)] += 1
-
-
-class Gw:
-    """The server's dispatcher, called with whole records; the /rw export's store."""
-
-    def __init__(self, server: Server, store: MemoryStore) -> None:
-        self.server = server
-        self.store = store
-        self.recorder = Recorder()
-        server.dispatcher.observer = self.recorder
-        self.xid = 100
-
-    async def call(self, prog: int, proc: int, pack: Any, args: object) -> Reader:
-        self.xid += 1
-        w = Writer()
-        rpc.pack_call(w, self.xid, prog, 3, proc, ROOT_CRED)
-        pack(w, args)
-        out = await self.server.dispatcher.handle(w.getvalue(), PEER)
-        assert out is not None
-        r = Reader(b"".join(bytes(b) for b in out))
-        h = rpc.unpack_reply(r)
-        assert h.xid == self.xid and h.accept_stat == AcceptStat.SUCCESS, h
-        return r
-
-    async def nfs(self, proc: Nfs3Proc, args: object) -> Any:
-        codec = nfs3.PROCS[proc]
-        return codec.unpack_res(await self.call(nfs3.PROGRAM, proc, codec.pack_args, args))
-
-    async def root(self) -> bytes:
-        r = await self.call(mount3.PROGRAM, 1, mount3.pack_mnt3args, mount3.Mnt3Args(b"/rw"))
-        res = mount3.unpack_mnt3res(r)
-        assert res.status == mount3.MountStat3.MNT3_OK
-        return res.fhandle
-
-    async def fh(self, path: str) -> bytes:
-        cur = await self.root()
-        for name in path.split("/"):
-            res = await self.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(Diropargs3(cur, name.encode())))
-            assert res.status == NfsStat3.NFS3_OK, (path, res.status)
-            cur = res.object
-        return cur
-
-
 @pytest.fixture
-async def gw(tmp_path: Path) -> AsyncIterator[Gw]:
-    stores = Stores({"/rw": {"rw/dir/f.txt": b"hello", "rw/dir/g.txt": b"bye"}})
+async def gw(tmp_path: Path) -> AsyncIterator[MemoryGateway]:
+    files = {"rw/dir/f.txt": b"hello", "rw/dir/g.txt": b"bye"}
     exports = [ExportConfig("/rw", "s3://b/rw/", squash="none")]
-    async with running(make_config(tmp_path, exports), stores) as server:
-        yield Gw(server, stores.by_path["/rw"])
+    async with MemoryGateway.of(tmp_path, exports, files=files) as gw:
+        yield gw
+
+
+async def fh(gw: MemoryGateway, path: str) -> bytes:
+    return await gw.walk(await gw.mount(b"/rw"), path)
 
 
 def fail_on(op: str, key: str, exc: BaseException) -> Any:
@@ -108,8 +55,8 @@ def fail_on(op: str, key: str, exc: BaseException) -> Any:
     return hook
 
 
-async def test_backend_error_mid_mutation_still_answers_the_wcc_body(gw: Gw) -> None:
-    d = await gw.fh("dir")
+async def test_backend_error_mid_mutation_still_answers_the_wcc_body(gw: MemoryGateway) -> None:
+    d = await fh(gw, "dir")
     gw.store.fail = fail_on("put", "rw/dir/new", BackendError("put failed"))
     how = CreateHow3(CreateMode3.UNCHECKED, Sattr3(mode=0o644), b"\0" * 8)
     res = await gw.nfs(Nfs3Proc.CREATE, nfs3.Create3Args(Diropargs3(d, b"new"), how))
@@ -122,21 +69,21 @@ async def test_backend_error_mid_mutation_still_answers_the_wcc_body(gw: Gw) -> 
     assert res.status == NfsStat3.NFS3ERR_IO
     assert res.dir_wcc.before is not None and res.dir_wcc.after is not None
 
-    f = await gw.fh("dir/f.txt")
+    f = await fh(gw, "dir/f.txt")
     gw.store.fail = fail_on("put", "rw/dir/f.txt", BackendError("put failed"))
     w = nfs3.Write3Args(f, 0, 3, nfs3.StableHow.FILE_SYNC, b"abc")
     res = await gw.nfs(Nfs3Proc.WRITE, w)
     assert res.status == NfsStat3.NFS3ERR_IO
     assert res.file_wcc.before is not None and res.file_wcc.after is not None
     assert res.file_wcc.after.size == 5  # the committed version, unchanged
-    assert gw.recorder.statuses[("NFS3.CREATE", "NFS3ERR_IO")] == 1
-    assert gw.recorder.statuses[("NFS3.REMOVE", "NFS3ERR_IO")] == 1
-    assert gw.recorder.statuses[("NFS3.WRITE", "NFS3ERR_IO")] == 1
+    assert gw.statuses()[("NFS3.CREATE", "NFS3ERR_IO")] == 1
+    assert gw.statuses()[("NFS3.REMOVE", "NFS3ERR_IO")] == 1
+    assert gw.statuses()[("NFS3.WRITE", "NFS3ERR_IO")] == 1
 
 
-async def test_failures_are_logged_once_at_their_level(gw: Gw) -> None:
-    f = await gw.fh("dir/f.txt")
-    d = await gw.fh("dir")
+async def test_failures_are_logged_once_at_their_level(gw: MemoryGateway) -> None:
+    f = await fh(gw, "dir/f.txt")
+    d = await fh(gw, "dir")
     read = nfs3.Read3Args(f, 0, 100)
     cases = [
         (BackendError("disk on fire"), NfsStat3.NFS3ERR_IO, "warning"),
@@ -153,7 +100,7 @@ async def test_failures_are_logged_once_at_their_level(gw: Gw) -> None:
         assert line["log_level"] == level and line["status"] == status.name
         assert line["proc"] == "NFS3.READ" and line["xid"] == gw.xid
         assert line["client"] == PEER.host and "error" in line
-        assert gw.recorder.statuses[("NFS3.READ", status.name)] == 1
+        assert gw.statuses()[("NFS3.READ", status.name)] == 1
     gw.store.fail = None
 
     # an everyday answer: debug
@@ -163,8 +110,8 @@ async def test_failures_are_logged_once_at_their_level(gw: Gw) -> None:
     assert [(x["event"], x["log_level"]) for x in logs] == [("call_failed", "debug")]
 
 
-async def test_a_crash_is_serverfault_logged_with_its_traceback(gw: Gw) -> None:
-    f = await gw.fh("dir/f.txt")
+async def test_a_crash_is_serverfault_logged_with_its_traceback(gw: MemoryGateway) -> None:
+    f = await fh(gw, "dir/f.txt")
     gw.store.fail = fail_on("get", "rw/dir/f.txt", RuntimeError("a bug"))
     with capture_logs() as logs:
         res = await gw.nfs(Nfs3Proc.READ, nfs3.Read3Args(f, 0, 100))
@@ -172,15 +119,15 @@ async def test_a_crash_is_serverfault_logged_with_its_traceback(gw: Gw) -> None:
     (line,) = logs
     assert line["event"] == "call_crashed" and line["log_level"] == "error"
     assert line["exc_info"] is True and line["proc"] == "NFS3.READ"
-    assert gw.recorder.statuses[("NFS3.READ", "NFS3ERR_SERVERFAULT")] == 1
+    assert gw.statuses()[("NFS3.READ", "NFS3ERR_SERVERFAULT")] == 1
 
 
-async def test_failure_bodies_of_checks(gw: Gw) -> None:
-    d = await gw.fh("dir")
+async def test_failure_bodies_of_checks(gw: MemoryGateway) -> None:
+    d = await fh(gw, "dir")
     res = await gw.nfs(Nfs3Proc.READ, nfs3.Read3Args(d, 0, 100))
     assert res.status == NfsStat3.NFS3ERR_ISDIR
     assert res.file_attributes is not None and res.file_attributes.type == Ftype3.NF3DIR
-    f = await gw.fh("dir/f.txt")
+    f = await fh(gw, "dir/f.txt")
     res = await gw.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(Diropargs3(f, b"x")))
     assert res.status == NfsStat3.NFS3ERR_NOTDIR and res.dir_attributes is not None
     res = await gw.nfs(Nfs3Proc.READLINK, nfs3.Readlink3Args(f))
@@ -191,9 +138,8 @@ async def test_failure_bodies_of_checks(gw: Gw) -> None:
     )
     assert res.status == NfsStat3.NFS3ERR_NOTSUPP and res.dir_wcc.after is not None
     # MOUNT answers the mountstat3 of the same number
-    r = await gw.call(mount3.PROGRAM, 1, mount3.pack_mnt3args, mount3.Mnt3Args(b"/rw/dir/nope"))
-    assert mount3.unpack_mnt3res(r).status == mount3.MountStat3.MNT3ERR_NOENT
-    assert gw.recorder.statuses[("MOUNT3.MNT", "MNT3ERR_NOENT")] == 1
+    assert (await gw.mnt(b"/rw/dir/nope")).status == mount3.MountStat3.MNT3ERR_NOENT
+    assert gw.statuses()[("MOUNT3.MNT", "MNT3ERR_NOENT")] == 1
 
 
 async def test_a_shared_error_gets_a_body_per_call() -> None:

@@ -16,7 +16,7 @@ from gateway.rpcclient import RpcClient
 from nfsproto import portmap, rpc
 from nfsproto.client import RpcError
 from nfsproto.xdr import Reader, Writer
-from tests.gwharness import LoopThread
+from tests.harness.thread import LoopThread
 from tests.rpcclient import BlockingRpcClient
 
 PROG, VERS = 0x20000099, 1

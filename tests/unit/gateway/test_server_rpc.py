@@ -1,108 +1,54 @@
-"""The server's RPC surface over real TCP on 127.0.0.1, with the in-memory backend: RPC-level
-errors (RFC 5531), MOUNT, PORTMAP, many calls in flight with out-of-order replies, the
-in-flight bound, oversized records, bad handles and read-only exports."""
+"""The server's RPC surface with the in-memory backend: RPC-level errors (RFC 5531), MOUNT,
+PORTMAP, bad handles and read-only exports, called straight into the dispatcher
+(``tests.harness.memory``); and over real TCP on 127.0.0.1 what only a connection shows: a
+connection serving on after RPC-level errors, many calls in flight with out-of-order
+replies, the in-flight bound, oversized records."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.backend.memory import MemoryStore
 from gateway.exports import ExportConfig
-from gateway.ops.config import ServerConfig
-from gateway.ops.server import Server
-from gateway.rpcclient import RpcClient
 from nfsproto import mount3, nfs3, portmap, rpc
 from nfsproto.nfs3 import Nfs3Proc, NfsStat3
 from nfsproto.rpc import AcceptStat, AuthStat, ReplyStat
 from nfsproto.xdr import Writer
+from tests.harness.memory import MemoryGateway
 
-P = nfs3.PROCS
-
-
-class Env:
-    def __init__(self, server: Server, store: MemoryStore) -> None:
-        self.server = server
-        self.store = store
-
-    async def client(self) -> RpcClient:
-        return await RpcClient.connect("127.0.0.1", self.server.port)
-
-    async def mount(self, c: RpcClient, path: bytes = b"/data") -> bytes:
-        res = await c.call(
-            mount3.PROGRAM,
-            3,
-            mount3.MountProc.MNT,
-            mount3.pack_mnt3args,
-            mount3.Mnt3Args(path),
-            mount3.unpack_mnt3res,
-        )
-        assert res.status == mount3.MountStat3.MNT3_OK
-        return res.fhandle
-
-    async def nfs(self, c: RpcClient, proc: Nfs3Proc, args: object) -> object:
-        codec = P[proc]
-        return await c.call(nfs3.PROGRAM, 3, proc, codec.pack_args, args, codec.unpack_res)  # type: ignore[arg-type]
+EXPORTS = (
+    ExportConfig("/data", "s3://bucket/ds/", read_only=True),
+    ExportConfig("/other", "s3://bucket/other/"),
+)
 
 
-@contextlib.asynccontextmanager
-async def _env(tmp_path: Path, store: MemoryStore, **kw: object) -> AsyncIterator[Env]:
-    exports = (
-        ExportConfig("/data", "s3://bucket/ds/", read_only=True),
-        ExportConfig("/other", "s3://bucket/other/"),
-    )
-    cfg = ServerConfig.of(
-        exports,
-        server_listen="127.0.0.1",
-        server_port=0,
-        server_state_dir=tmp_path / "state",
-        cache_memory=64 << 20,
-        **kw,
-    )
-
-    def factory(ec: ExportConfig, obs: RequestObserver) -> ObjectStore:
-        store.observer = obs
-        return store
-
-    server = Server(cfg, store_factory=factory)
-    await server.start()
-    try:
-        yield Env(server, store)
-    finally:
-        await server.stop(drain_timeout_s=2)
+def _gateway(tmp_path: Path, store: MemoryStore, **settings: Any) -> MemoryGateway:
+    return MemoryGateway.of(tmp_path, EXPORTS, store=store, **settings)
 
 
 @pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
+async def gw(tmp_path: Path) -> AsyncIterator[MemoryGateway]:
     store = MemoryStore("mem")
     for i in range(5):
         store.seed(f"ds/class0/img{i}.jpg", bytes([i]) * (1000 + i))
     store.seed("ds/readme.txt", b"hello\n")
-    async with _env(tmp_path, store) as e:
-        yield e
+    async with _gateway(tmp_path, store) as g:
+        yield g
 
 
-def _args(pack: object, v: object) -> bytes:
-    w = Writer()
-    pack(w, v)  # type: ignore[operator]
-    return w.getvalue()
-
-
-async def test_null_on_every_program(env: Env) -> None:
-    c = await env.client()
+async def test_null_on_every_program(gw: MemoryGateway) -> None:
     for prog, vers in ((nfs3.PROGRAM, 3), (mount3.PROGRAM, 3), (portmap.PROGRAM, 2)):
-        h, r = await c.call_raw(prog, vers, 0, b"")
+        h, r = await gw.call_raw(prog, vers, 0, b"")
         assert h.accept_stat == AcceptStat.SUCCESS and r.remaining() == 0
-    await c.close()
 
 
-async def test_rpc_level_errors(env: Env) -> None:
-    c = await env.client()
+async def test_rpc_level_errors(gw: MemoryGateway) -> None:
+    c = await gw.connect()
     h, _ = await c.call_raw(100227, 3, 0, b"")  # NFSACL: turns the client's GETACLs off
     assert h.accept_stat == AcceptStat.PROG_UNAVAIL
     h, _ = await c.call_raw(nfs3.PROGRAM, 2, 0, b"")
@@ -141,41 +87,26 @@ async def test_rpc_level_errors(env: Env) -> None:
     # the connection still serves calls after all of the above
     h, _ = await c.call_raw(nfs3.PROGRAM, 3, 0, b"")
     assert h.accept_stat == AcceptStat.SUCCESS
-    assert env.server.metrics.calls["rpc_error.rpc_mismatch"] == 1
+    assert gw.server.metrics.calls["rpc_error.rpc_mismatch"] == 1
     await c.close()
 
 
-async def test_mount_and_portmap(env: Env) -> None:
-    c = await env.client()
-    root = await env.mount(c)
-    res = await c.call(
-        mount3.PROGRAM,
-        3,
-        mount3.MountProc.MNT,
-        mount3.pack_mnt3args,
-        mount3.Mnt3Args(b"/nope"),
-        mount3.unpack_mnt3res,
-    )
+async def test_mount_and_portmap(gw: MemoryGateway) -> None:
+    root = await gw.mount(b"/data")
+    res = await gw.mnt(b"/nope")
     assert res.status == mount3.MountStat3.MNT3ERR_NOENT
-    sub = await c.call(
-        mount3.PROGRAM,
-        3,
-        mount3.MountProc.MNT,
-        mount3.pack_mnt3args,
-        mount3.Mnt3Args(b"/data/class0"),
-        mount3.unpack_mnt3res,
-    )
+    sub = await gw.mnt(b"/data/class0")
     assert sub.status == mount3.MountStat3.MNT3_OK and sub.fhandle != root
-    exports = await c.call(
+    exports = await gw.call(
         mount3.PROGRAM, 3, mount3.MountProc.EXPORT, lambda w, v: None, None, mount3.unpack_exports
     )
     assert [e.dir for e in exports] == [b"/data", b"/other"]
-    dump = await c.call(
+    dump = await gw.call(
         mount3.PROGRAM, 3, mount3.MountProc.DUMP, lambda w, v: None, None, mount3.unpack_mountlist
     )
     assert {m.directory for m in dump} == {b"/data", b"/data/class0"}
     for prog in (nfs3.PROGRAM, mount3.PROGRAM):
-        port = await c.call(
+        port = await gw.call(
             portmap.PROGRAM,
             2,
             portmap.PmapProc.GETPORT,
@@ -183,9 +114,9 @@ async def test_mount_and_portmap(env: Env) -> None:
             portmap.Mapping(prog, 3, portmap.IPPROTO_TCP, 0),
             portmap.unpack_port,
         )
-        assert port == env.server.port
+        assert port == gw.port
     assert (
-        await c.call(
+        await gw.call(
             portmap.PROGRAM,
             2,
             portmap.PmapProc.GETPORT,
@@ -195,7 +126,7 @@ async def test_mount_and_portmap(env: Env) -> None:
         )
         == 0
     )
-    assert not await c.call(
+    assert not await gw.call(
         portmap.PROGRAM,
         2,
         portmap.PmapProc.SET,
@@ -203,69 +134,62 @@ async def test_mount_and_portmap(env: Env) -> None:
         portmap.Mapping(1234, 1, 6, 99),
         portmap.unpack_bool,
     )
-    await c.close()
 
 
-async def test_lookup_read_readdirplus(env: Env) -> None:
-    c = await env.client()
-    root = await env.mount(c)
-    res = await env.nfs(c, Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(root, b"class0")))
+async def test_lookup_read_readdirplus(gw: MemoryGateway) -> None:
+    root = await gw.mount(b"/data")
+    res = await gw.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(root, b"class0")))
     assert isinstance(res, nfs3.Lookup3Res) and res.status == NfsStat3.NFS3_OK
     d = res.object
     names = []
     cookie, verf = 0, bytes(8)
     while True:
-        rp = await env.nfs(
-            c, Nfs3Proc.READDIRPLUS, nfs3.Readdirplus3Args(d, cookie, verf, 512, 1024)
-        )
+        rp = await gw.nfs(Nfs3Proc.READDIRPLUS, nfs3.Readdirplus3Args(d, cookie, verf, 512, 1024))
         assert isinstance(rp, nfs3.Readdirplus3Res) and rp.status == NfsStat3.NFS3_OK
         names += [e.name for e in rp.entries]
         if rp.eof:
             break
         cookie, verf = rp.entries[-1].cookie, rp.cookieverf
     assert names == [b".", b".."] + [b"img%d.jpg" % i for i in range(5)]
-    lk = await env.nfs(c, Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(d, b"img3.jpg")))
+    lk = await gw.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(d, b"img3.jpg")))
     assert isinstance(lk, nfs3.Lookup3Res)
-    rd = await env.nfs(c, Nfs3Proc.READ, nfs3.Read3Args(lk.object, 1000, 100))
+    rd = await gw.nfs(Nfs3Proc.READ, nfs3.Read3Args(lk.object, 1000, 100))
     assert isinstance(rd, nfs3.Read3Res) and rd.status == NfsStat3.NFS3_OK
     assert bytes(rd.data) == b"\x03" * 3 and rd.eof
-    missing = await env.nfs(c, Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(d, b"zz")))
+    missing = await gw.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(d, b"zz")))
     assert isinstance(missing, nfs3.Lookup3Res)
     assert missing.status == NfsStat3.NFS3ERR_NOENT and missing.dir_attributes is not None
     # one listing for the root, one for class0, one GET: nothing else
-    assert env.store.requests == {"list": 2, "get": 1}
-    await c.close()
+    assert gw.store.requests == {"list": 2, "get": 1}
 
 
-async def test_bad_handles_and_read_only(env: Env) -> None:
-    c = await env.client()
-    root = await env.mount(c)
+async def test_bad_handles_and_read_only(gw: MemoryGateway) -> None:
+    root = await gw.mount(b"/data")
     forged = bytearray(root)
     forged[-1] ^= 1
     for fh in (bytes(forged), b"", b"\x01" * 64, root[:5]):
-        res = await env.nfs(c, Nfs3Proc.GETATTR, nfs3.Getattr3Args(fh))
+        res = await gw.nfs(Nfs3Proc.GETATTR, nfs3.Getattr3Args(fh))
         assert isinstance(res, nfs3.Getattr3Res)
         assert res.status == NfsStat3.NFS3ERR_BADHANDLE, fh
-    lk = await env.nfs(c, Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(root, b"readme.txt")))
+    lk = await gw.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(root, b"readme.txt")))
     assert isinstance(lk, nfs3.Lookup3Res)
-    wr = await env.nfs(
-        c, Nfs3Proc.WRITE, nfs3.Write3Args(lk.object, 0, 3, nfs3.StableHow.FILE_SYNC, b"abc")
+    wr = await gw.nfs(
+        Nfs3Proc.WRITE, nfs3.Write3Args(lk.object, 0, 3, nfs3.StableHow.FILE_SYNC, b"abc")
     )
     assert isinstance(wr, nfs3.Write3Res) and wr.status == NfsStat3.NFS3ERR_ROFS
     assert wr.file_wcc.after is not None and wr.file_wcc.after.size == 6
     assert wr.file_wcc.before is not None and wr.file_wcc.before.size == 6
-    rm = await env.nfs(c, Nfs3Proc.REMOVE, nfs3.Remove3Args(nfs3.Diropargs3(root, b"readme.txt")))
+    rm = await gw.nfs(Nfs3Proc.REMOVE, nfs3.Remove3Args(nfs3.Diropargs3(root, b"readme.txt")))
     assert isinstance(rm, nfs3.Remove3Res) and rm.status == NfsStat3.NFS3ERR_ROFS
     assert rm.dir_wcc.after is not None
-    acc = await env.nfs(c, Nfs3Proc.ACCESS, nfs3.Access3Args(lk.object, 0x3F))
+    acc = await gw.nfs(Nfs3Proc.ACCESS, nfs3.Access3Args(lk.object, 0x3F))
     assert isinstance(acc, nfs3.Access3Res)
     assert acc.access == nfs3.ACCESS3_READ  # root squashed to nobody; 0644; read-only
     # the object vanished from the bucket: after a re-list the handle is STALE
-    env.store.unseed("ds/readme.txt")
-    env.server.gateway.exports[next(iter(env.server.gateway.exports))].ns.invalidate("")  # type: ignore[union-attr]
-    ga = await env.nfs(c, Nfs3Proc.GETATTR, nfs3.Getattr3Args(lk.object))
+    gw.store.unseed("ds/readme.txt")
+    gw.export("/data").ns.invalidate("")
+    ga = await gw.nfs(Nfs3Proc.GETATTR, nfs3.Getattr3Args(lk.object))
     assert isinstance(ga, nfs3.Getattr3Res) and ga.status == NfsStat3.NFS3ERR_STALE
-    await c.close()
 
 
 async def test_replies_out_of_order_and_inflight_bound(tmp_path: Path) -> None:
@@ -273,19 +197,19 @@ async def test_replies_out_of_order_and_inflight_bound(tmp_path: Path) -> None:
     store.seed("ds/slow.bin", b"s" * 100)
     for i in range(40):
         store.seed(f"ds/f{i}", b"x")
-    async with _env(tmp_path, store, server_max_inflight_per_conn=4) as env:
-        c = await env.client()
-        root = await env.mount(c)
-        lk = await env.nfs(c, Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(root, b"slow.bin")))
+    async with _gateway(tmp_path, store, server_max_inflight_per_conn=4) as gw:
+        c = await gw.connect()
+        root = await c.mount(b"/data")
+        lk = await c.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(root, b"slow.bin")))
         assert isinstance(lk, nfs3.Lookup3Res)
         order: list[str] = []
 
         async def read() -> None:
-            await env.nfs(c, Nfs3Proc.READ, nfs3.Read3Args(lk.object, 0, 100))
+            await c.nfs(Nfs3Proc.READ, nfs3.Read3Args(lk.object, 0, 100))
             order.append("read")
 
         async def getattr_() -> None:
-            await env.nfs(c, Nfs3Proc.GETATTR, nfs3.Getattr3Args(root))
+            await c.nfs(Nfs3Proc.GETATTR, nfs3.Getattr3Args(root))
             order.append("getattr")
 
         t = asyncio.create_task(read())
@@ -298,9 +222,7 @@ async def test_replies_out_of_order_and_inflight_bound(tmp_path: Path) -> None:
         # sees more than 4 concurrent GETs, and every call is answered.
         handles = []
         for i in range(40):
-            r = await env.nfs(
-                c, Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(root, b"f%d" % i))
-            )
+            r = await c.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(root, b"f%d" % i)))
             assert isinstance(r, nfs3.Lookup3Res)
             handles.append(r.object)
         peak = 0
@@ -308,22 +230,22 @@ async def test_replies_out_of_order_and_inflight_bound(tmp_path: Path) -> None:
 
         async def counting_begin(op: str, key: str) -> None:
             nonlocal peak
-            peak = max(peak, env.server.conn_stats.inflight)
+            peak = max(peak, gw.server.conn_stats.inflight)
             await orig_begin(op, key)
 
         store._begin = counting_begin  # type: ignore[method-assign]
         res = await asyncio.gather(
-            *(env.nfs(c, Nfs3Proc.READ, nfs3.Read3Args(h, 0, 10)) for h in handles)
+            *(c.nfs(Nfs3Proc.READ, nfs3.Read3Args(h, 0, 10)) for h in handles)
         )
         assert all(isinstance(x, nfs3.Read3Res) and bytes(x.data) == b"x" for x in res)
         assert 1 <= peak <= 4
         await c.close()
 
 
-async def test_oversized_record_closes_only_that_connection(env: Env) -> None:
-    good = await env.client()
-    bad = await env.client()
-    bad.send_raw(rpc.record_header(env.server.config.server.transport.max_record + 1))
+async def test_oversized_record_closes_only_that_connection(gw: MemoryGateway) -> None:
+    good = await gw.connect()
+    bad = await gw.connect()
+    bad.send_raw(rpc.record_header(gw.server.config.server.transport.max_record + 1))
     for _ in range(50):
         if bad.closed:
             break
@@ -331,6 +253,6 @@ async def test_oversized_record_closes_only_that_connection(env: Env) -> None:
     assert bad.closed
     h, _ = await good.call_raw(nfs3.PROGRAM, 3, 0, b"")
     assert h.accept_stat == AcceptStat.SUCCESS
-    assert env.server.conn_stats.oversized == 1
+    assert gw.server.conn_stats.oversized == 1
     await good.close()
     await bad.close()

@@ -1,27 +1,23 @@
-"""The write path over real TCP on 127.0.0.1 with the in-memory backend: every mutating
+"""The write path with the in-memory backend, called straight into the dispatcher
+(``tests.harness.memory``): every mutating
 procedure's semantics, wcc_data, what readers see before and after a commit, request counts
 per operation, streaming multipart parts, the spool budget, and the index staying true."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import pytest
 
-from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.backend.memory import MemoryStore
 from gateway.clock import FakeClock
-from gateway.exports import Export, ExportConfig
-from gateway.ops.config import ServerConfig
-from gateway.ops.server import Server
-from gateway.registry import Gateway
-from gateway.rpcclient import RpcClient
-from nfsproto import mount3, nfs3, rpc
+from gateway.exports import ExportConfig
+from nfsproto import nfs3, rpc
 from nfsproto.nfs3 import (
     CreateHow3,
     CreateMode3,
@@ -35,10 +31,10 @@ from nfsproto.nfs3 import (
     StableHow,
     TimeHow,
 )
+from tests.harness.memory import MemoryGateway
 
 MiB = 1 << 20
 PART = 5 * MiB  # S3's minimum part size
-P = nfs3.PROCS
 UNSTABLE, FILE_SYNC = StableHow.UNSTABLE, StableHow.FILE_SYNC
 
 
@@ -46,32 +42,26 @@ def keys(store: MemoryStore) -> list[str]:
     return list(store.keys())
 
 
-class Env:
-    """A gateway with exports /rw (s3://bucket/rw/) and /ro (read-only), and one client."""
+class Env(MemoryGateway):
+    """A gateway with exports /rw (s3://bucket/rw/) and /ro (read-only) of one bucket, calling
+    as root; ``root`` is /rw's root handle. The write procedures by name, and the whole-file
+    helpers their checks use."""
 
-    def __init__(self, server: Server, store: MemoryStore, c: RpcClient, root: bytes) -> None:
-        self.server = server
-        self.store = store
-        self.c = c
-        self.root = root
+    root = b""
 
-    @property
-    def gw(self) -> Gateway:
-        assert self.server.gateway is not None
-        return self.server.gateway
+    async def __aenter__(self) -> Self:
+        await super().__aenter__()
+        self.root = await self.mount(b"/rw")
+        return self
 
-    @property
-    def export(self) -> Export:
-        return self.gw.by_path["/rw"]
-
-    def counts(self) -> dict[str, int]:
-        return dict(self.store.requests)
-
-    def reset(self) -> None:
-        self.store.reset_counts()
-
-    def all_keys(self) -> list[str]:
-        return keys(self.store)
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.gateway.writes.close()
+        await super().__aexit__(exc_type, exc, tb)
 
     def data(self, key: str) -> bytes:
         data: bytes = self.store._objects[key.encode()].data
@@ -80,25 +70,10 @@ class Env:
     def meta(self, key: str) -> dict[str, str]:
         return dict(self.store._objects[key.encode()].metadata)
 
-    async def nfs(self, proc: Nfs3Proc, args: object) -> Any:
-        codec = P[proc]
-        return await self.c.call(nfs3.PROGRAM, 3, proc, codec.pack_args, args, codec.unpack_res)  # type: ignore[arg-type]
-
-    async def lookup(self, d: bytes, name: bytes) -> nfs3.Lookup3Res:
-        res: nfs3.Lookup3Res = await self.nfs(
-            Nfs3Proc.LOOKUP, nfs3.Lookup3Args(Diropargs3(d, name))
-        )
-        return res
-
     async def fh(self, path: str, d: bytes | None = None) -> bytes:
-        cur = self.root if d is None else d
-        for part in path.split("/"):
-            res = await self.lookup(cur, part.encode())
-            assert res.status == NfsStat3.NFS3_OK, (path, res.status)
-            cur = res.object
-        return cur
+        return await self.walk(self.root if d is None else d, path)
 
-    async def getattr(self, fh: bytes) -> nfs3.Fattr3:
+    async def attrs(self, fh: bytes) -> nfs3.Fattr3:
         res = await self.nfs(Nfs3Proc.GETATTR, nfs3.Getattr3Args(fh))
         assert res.status == NfsStat3.NFS3_OK, res.status
         a: nfs3.Fattr3 = res.obj_attributes
@@ -132,7 +107,7 @@ class Env:
         res: nfs3.Commit3Res = await self.nfs(Nfs3Proc.COMMIT, nfs3.Commit3Args(fh, 0, 0))
         return res
 
-    async def read(self, fh: bytes, offset: int = 0, count: int = 1 << 20) -> bytes:
+    async def read_bytes(self, fh: bytes, offset: int = 0, count: int = 1 << 20) -> bytes:
         res = await self.nfs(Nfs3Proc.READ, nfs3.Read3Args(fh, offset, count))
         assert res.status == NfsStat3.NFS3_OK, res.status
         return bytes(res.data)
@@ -140,7 +115,7 @@ class Env:
     async def read_all(self, fh: bytes) -> bytes:
         out = b""
         while True:
-            chunk = await self.read(fh, len(out))
+            chunk = await self.read_bytes(fh, len(out))
             if not chunk:
                 return out
             out += chunk
@@ -205,46 +180,14 @@ class Env:
         raise AssertionError("READDIRPLUS did not end")
 
 
-@contextlib.asynccontextmanager
-async def make_env(tmp_path: Path, store: MemoryStore, **kw: Any) -> AsyncIterator[Env]:
+def make_env(tmp_path: Path, store: MemoryStore, **settings: Any) -> Env:
+    settings.setdefault("writes_part_size", PART)
+    settings.setdefault("writes_flush_idle_s", 0.0)  # no background flusher: tests call flush_idle
     exports = (
         ExportConfig("/rw", "s3://bucket/rw/", squash="none"),
         ExportConfig("/ro", "s3://bucket/rw/", read_only=True),
     )
-    kw.setdefault("writes_part_size", PART)
-    kw.setdefault("writes_flush_idle_s", 0.0)  # no background flusher: tests call flush_idle
-    cfg = ServerConfig.of(
-        exports,
-        server_listen="127.0.0.1",
-        server_port=0,
-        server_state_dir=tmp_path / "state",
-        cache_memory=64 << 20,
-        server_uvloop=False,
-        **kw,
-    )
-
-    def factory(ec: ExportConfig, obs: RequestObserver) -> ObjectStore:
-        return store
-
-    server = Server(cfg, store_factory=factory)
-    await server.start()
-    c = await RpcClient.connect("127.0.0.1", server.port, cred=rpc.auth_sys(0, 0, [0], b"t"))
-    try:
-        res = await c.call(
-            mount3.PROGRAM,
-            3,
-            mount3.MountProc.MNT,
-            mount3.pack_mnt3args,
-            mount3.Mnt3Args(b"/rw"),
-            mount3.unpack_mnt3res,
-        )
-        assert res.status == mount3.MountStat3.MNT3_OK
-        yield Env(server, store, c, res.fhandle)
-    finally:
-        await c.close()
-        assert server.gateway is not None
-        await server.gateway.writes.close()
-        await server.stop(drain_timeout_s=2)
+    return Env.of(tmp_path, exports, store=store, **settings)
 
 
 @pytest.fixture
@@ -262,12 +205,12 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
 
 async def test_create_unstable_write_commit(env: Env) -> None:
     v0, before = await env.readdir()
-    env.reset()
+    env.reset_requests()
     cr = await env.create(b"new.txt", sattr=Sattr3(mode=0o600))
     assert cr.status == NfsStat3.NFS3_OK and cr.obj is not None and cr.obj_attributes is not None
     assert cr.obj_attributes.type == Ftype3.NF3REG and cr.obj_attributes.size == 0
     assert cr.obj_attributes.mode == 0o600 and cr.obj_attributes.uid == 0
-    assert env.counts() == {"put": 1}  # the empty object, so a restart finds the file
+    assert env.requests() == {"put": 1}  # the empty object, so a restart finds the file
     assert env.meta("rw/new.txt") == {"uid": "0", "gid": "0", "mode": "600"}
     # the parent changed: wcc before != after, a new mtime and cookie verifier
     assert cr.dir_wcc.before is not None and cr.dir_wcc.after is not None
@@ -275,64 +218,64 @@ async def test_create_unstable_write_commit(env: Env) -> None:
     v1, after = await env.readdir()
     assert v1 != v0 and set(after) == set(before) | {"new.txt"}
 
-    env.reset()
+    env.reset_requests()
     w1 = await env.write(cr.obj, 0, b"hello ")
     w2 = await env.write(cr.obj, 6, b"world")
     for w in (w1, w2):
         assert w.status == NfsStat3.NFS3_OK and w.committed == UNSTABLE
-        assert w.verf == env.gw.write_verf and w.count in (5, 6)
-    assert env.counts() == {}  # staged only
+        assert w.verf == env.gateway.write_verf and w.count in (5, 6)
+    assert env.requests() == {}  # staged only
     # readers see the committed (empty) object until the COMMIT
-    assert (await env.getattr(cr.obj)).size == 0
-    assert await env.read(cr.obj) == b""
+    assert (await env.attrs(cr.obj)).size == 0
+    assert await env.read_bytes(cr.obj) == b""
     cm = await env.commit(cr.obj)
-    assert cm.status == NfsStat3.NFS3_OK and cm.verf == env.gw.write_verf
+    assert cm.status == NfsStat3.NFS3_OK and cm.verf == env.gateway.write_verf
     assert cm.file_wcc.before is not None and cm.file_wcc.before.size == 0
     assert cm.file_wcc.after is not None and cm.file_wcc.after.size == 11
-    assert env.counts() == {"put": 1}  # metadata known: no HEAD
+    assert env.requests() == {"put": 1}  # metadata known: no HEAD
     assert env.data("rw/new.txt") == b"hello world"
     assert env.meta("rw/new.txt")["mode"] == "600"
-    assert await env.read(cr.obj) == b"hello world"
-    a = await env.getattr(cr.obj)
+    assert await env.read_bytes(cr.obj) == b"hello world"
+    a = await env.attrs(cr.obj)
     assert a.size == 11 and a.mode == 0o600
     # a second COMMIT has nothing to do
-    env.reset()
+    env.reset_requests()
     assert (await env.commit(cr.obj)).status == NfsStat3.NFS3_OK
-    assert env.counts() == {}
+    assert env.requests() == {}
 
 
 async def test_file_sync_write_is_stored_before_the_reply(env: Env) -> None:
     cr = await env.create(b"sync.txt")
     assert cr.obj is not None
-    env.reset()
+    env.reset_requests()
     w = await env.write(cr.obj, 0, b"durable", FILE_SYNC)
     assert w.status == NfsStat3.NFS3_OK and w.committed == FILE_SYNC
     assert w.file_wcc.after is not None and w.file_wcc.after.size == 7
     assert env.data("rw/sync.txt") == b"durable"
-    assert env.counts() == {"put": 1}
+    assert env.requests() == {"put": 1}
     w = await env.write(cr.obj, 7, b"!", StableHow.DATA_SYNC)
     assert w.committed == FILE_SYNC and env.data("rw/sync.txt") == b"durable!"
 
 
 async def test_overwrite_and_append_keep_the_rest_of_the_object(env: Env) -> None:
     fh = await env.fh("dir/a.txt")
-    env.reset()
+    env.reset_requests()
     await env.write(fh, 5, b"XY")
     await env.write(fh, 30, b"+tail")
     await env.commit(fh)
     assert env.data("rw/dir/a.txt") == b"01234XY789" + b"0123456789" * 2 + b"+tail"
     # one HEAD (the seeded object's metadata is unknown), one GET of the base, one PUT
-    assert env.counts() == {"head": 1, "get": 1, "put": 1}
+    assert env.requests() == {"head": 1, "get": 1, "put": 1}
     # bytes in the middle, the size unchanged: base around them
     b = await env.fh("dir/b.txt")
     await env.write(b, 1, b"X")
     await env.commit(b)
     assert env.data("rw/dir/b.txt") == b"bXb"
     # the whole file overwritten: no GET of the base; metadata now known
-    env.reset()
+    env.reset_requests()
     await env.write(fh, 0, b"z" * 35)
     await env.commit(fh)
-    assert env.counts() == {"put": 1} and env.data("rw/dir/a.txt") == b"z" * 35
+    assert env.requests() == {"put": 1} and env.data("rw/dir/a.txt") == b"z" * 35
 
 
 async def test_sparse_write_past_the_end_reads_zeros(env: Env) -> None:
@@ -360,22 +303,24 @@ async def test_large_file_streams_full_parts_before_the_commit(env: Env) -> None
     cr = await env.create(b"big.bin")
     assert cr.obj is not None
     blob = os.urandom(2 * PART + MiB + 123)
-    env.reset()
+    env.reset_requests()
     for off in range(0, len(blob), MiB):
         w = await env.write(cr.obj, off, blob[off : off + MiB])
         assert w.status == NfsStat3.NFS3_OK
     # the two full parts were uploaded while the data arrived, before any COMMIT
     for _ in range(100):
-        if env.counts().get("upload_part", 0) == 2:
+        if env.requests().get("upload_part", 0) == 2:
             break
         await asyncio.sleep(0.01)
-    assert env.counts() == {"create_multipart": 1, "upload_part": 2}
-    assert env.gw.writes.stats.parts_streamed == 2
+    assert env.requests() == {"create_multipart": 1, "upload_part": 2}
+    assert env.gateway.writes.stats.parts_streamed == 2
     await env.commit(cr.obj)
-    assert env.counts() == {"create_multipart": 1, "upload_part": 3, "complete_multipart": 1}
+    assert env.requests() == {"create_multipart": 1, "upload_part": 3, "complete_multipart": 1}
     assert env.data("rw/big.bin") == blob
-    assert (await env.getattr(cr.obj)).size == len(blob)
-    assert env.gw.writes.spool.used_bytes == 0 and not list(env.gw.writes.spool.dir.iterdir())
+    assert (await env.attrs(cr.obj)).size == len(blob)
+    assert env.gateway.writes.spool.used_bytes == 0 and not list(
+        env.gateway.writes.spool.dir.iterdir()
+    )
 
 
 async def test_rewrite_of_an_uploaded_part_uploads_it_again(env: Env) -> None:
@@ -385,16 +330,16 @@ async def test_rewrite_of_an_uploaded_part_uploads_it_again(env: Env) -> None:
     for off in range(0, len(blob), MiB):
         await env.write(cr.obj, off, bytes(blob[off : off + MiB]))
     for _ in range(100):
-        if env.gw.writes.stats.parts_streamed == 2:
+        if env.gateway.writes.stats.parts_streamed == 2:
             break
         await asyncio.sleep(0.01)
-    env.reset()
+    env.reset_requests()
     await env.write(cr.obj, 10, b"HEADER")  # e.g. a zip writer fixing its first header
     blob[10:16] = b"HEADER"
     await env.commit(cr.obj)
     # part 1 again, and the last (short) part: never streamed, a file may still grow
-    assert env.counts() == {"upload_part": 2, "complete_multipart": 1}
-    assert env.gw.writes.stats.parts_reuploaded == 1
+    assert env.requests() == {"upload_part": 2, "complete_multipart": 1}
+    assert env.gateway.writes.stats.parts_reuploaded == 1
     assert env.data("rw/rw.bin") == bytes(blob)
 
 
@@ -402,18 +347,18 @@ async def test_readers_never_see_a_mix(env: Env) -> None:
     fh = await env.fh("top.bin")
     old = env.data("rw/top.bin")
     await env.write(fh, 0, b"N" * len(old))
-    assert await env.read(fh) == old
+    assert await env.read_bytes(fh) == old
     await env.commit(fh)
-    assert await env.read(fh) == b"N" * len(old)
+    assert await env.read_bytes(fh) == b"N" * len(old)
 
 
 async def test_zero_length_and_empty_files(env: Env) -> None:
     cr = await env.create(b"empty")
     assert cr.obj is not None
-    env.reset()
+    env.reset_requests()
     w = await env.write(cr.obj, 0, b"", FILE_SYNC)
     assert w.status == NfsStat3.NFS3_OK and w.count == 0
-    assert env.counts() == {} and env.data("rw/empty") == b""
+    assert env.requests() == {} and env.data("rw/empty") == b""
 
 
 # -- CREATE modes --------------------------------------------------------------------------------
@@ -436,10 +381,10 @@ async def test_create_modes(env: Env) -> None:
     e1 = await env.create(b"excl", mode=CreateMode3.EXCLUSIVE, verf=verf)
     assert e1.status == NfsStat3.NFS3_OK
     assert env.meta("rw/excl")["createverf"] == verf.hex()
-    env.reset()
+    env.reset_requests()
     e2 = await env.create(b"excl", mode=CreateMode3.EXCLUSIVE, verf=verf)
     assert e2.status == NfsStat3.NFS3_OK and e2.obj == e1.obj
-    assert env.counts() == {}
+    assert env.requests() == {}
     e3 = await env.create(b"excl", mode=CreateMode3.EXCLUSIVE, verf=b"\xff" * 8)
     assert e3.status == NfsStat3.NFS3ERR_EXIST
     # a file written after an exclusive create loses the verifier (a data write drops it)
@@ -469,21 +414,21 @@ async def test_bad_names(env: Env) -> None:
 
 async def test_setattr_mode_owner_times_by_copy_in_place(env: Env) -> None:
     fh = await env.fh("dir/b.txt")
-    env.reset()
-    mtime = (await env.getattr(fh)).mtime
+    env.reset_requests()
+    mtime = (await env.attrs(fh)).mtime
     env.store.clock = FakeClock(wall_ns=2_000_000_000 * 10**9)  # the copy happens later
     r = await env.setattr(fh, Sattr3(mode=0o600))
     assert r.status == NfsStat3.NFS3_OK and r.obj_wcc.after is not None
     assert r.obj_wcc.after.mode == 0o600
     assert r.obj_wcc.after.mtime == mtime  # chmod does not move mtime
-    assert env.counts() == {"head": 1, "copy": 1}  # metadata unknown: one HEAD first
-    env.reset()
+    assert env.requests() == {"head": 1, "copy": 1}  # metadata unknown: one HEAD first
+    env.reset_requests()
     t = NfsTime3(1_700_000_000, 5)
     r = await env.setattr(
         fh, Sattr3(uid=1000, gid=100, mtime=SetTime(TimeHow.SET_TO_CLIENT_TIME, t))
     )
-    assert r.status == NfsStat3.NFS3_OK and env.counts() == {"copy": 1}
-    a = await env.getattr(fh)
+    assert r.status == NfsStat3.NFS3_OK and env.requests() == {"copy": 1}
+    a = await env.attrs(fh)
     assert (a.mode, a.uid, a.gid, a.mtime) == (0o600, 1000, 100, t)
     assert env.meta("rw/dir/b.txt") == {
         "mode": "600",
@@ -493,22 +438,22 @@ async def test_setattr_mode_owner_times_by_copy_in_place(env: Env) -> None:
     }
     assert env.data("rw/dir/b.txt") == b"bbb"
     # atime alone changes nothing (atime is mtime) and costs nothing
-    env.reset()
+    env.reset_requests()
     r = await env.setattr(fh, Sattr3(atime=SetTime(TimeHow.SET_TO_SERVER_TIME)))
-    assert r.status == NfsStat3.NFS3_OK and env.counts() == {}
+    assert r.status == NfsStat3.NFS3_OK and env.requests() == {}
     # a re-list keeps the attributes the copy gave (listings carry no metadata)
-    env.export.ns.invalidate("dir")
+    env.export("/rw").ns.invalidate("dir")
     _, listing = await env.readdir(await env.fh("dir"))
     assert listing["b.txt"].mode == 0o600 and listing["b.txt"].mtime == t
 
 
 async def test_setattr_guard(env: Env) -> None:
     fh = await env.fh("dir/b.txt")
-    a = await env.getattr(fh)
+    a = await env.attrs(fh)
     bad = NfsTime3(a.ctime.seconds + 1, 0)
     r = await env.setattr(fh, Sattr3(mode=0o600), guard=bad)
     assert r.status == NfsStat3.NFS3ERR_NOT_SYNC and r.obj_wcc.after is not None
-    assert (await env.getattr(fh)).mode == 0o644
+    assert (await env.attrs(fh)).mode == 0o644
     r = await env.setattr(fh, Sattr3(mode=0o600), guard=a.ctime)
     assert r.status == NfsStat3.NFS3_OK
 
@@ -522,15 +467,15 @@ async def test_truncate_and_extend(env: Env) -> None:
     assert env.data("rw/dir/a.txt") == b"0123\0\0\0\0"
     # a truncate with staged writes: one upload carries both
     await env.write(fh, 8, b"abcdef")
-    env.reset()
+    env.reset_requests()
     r = await env.setattr(fh, Sattr3(size=10, mode=0o640))
     assert env.data("rw/dir/a.txt") == b"0123\0\0\0\0ab"
     assert env.meta("rw/dir/a.txt")["mode"] == "640"
-    assert env.counts() == {"get": 1, "put": 1}
+    assert env.requests() == {"get": 1, "put": 1}
     # same size, nothing staged: no request
-    env.reset()
+    env.reset_requests()
     assert (await env.setattr(fh, Sattr3(size=10))).status == NfsStat3.NFS3_OK
-    assert env.counts() == {}
+    assert env.requests() == {}
 
 
 async def test_setattr_directory_and_symlink(env: Env) -> None:
@@ -547,9 +492,9 @@ async def test_setattr_permissions(tmp_path: Path) -> None:
     async with make_env(tmp_path, store) as env:
         mine, theirs = await env.fh("mine"), await env.fh("theirs")
         # listings carry no metadata: let the index see the owners (as a READ's GET would)
-        await env.export.ns.refresh("mine")
-        await env.export.ns.refresh("theirs")
-        env.c.cred = rpc.auth_sys(1000, 100, [100], b"t")
+        await env.export("/rw").ns.refresh("mine")
+        await env.export("/rw").ns.refresh("theirs")
+        env.cred = rpc.auth_sys(1000, 100, [100], b"t")
         assert (await env.setattr(mine, Sattr3(mode=0o600))).status == NfsStat3.NFS3_OK
         assert (await env.setattr(theirs, Sattr3(mode=0o600))).status == NfsStat3.NFS3ERR_PERM
         assert (await env.setattr(mine, Sattr3(uid=0))).status == NfsStat3.NFS3ERR_PERM
@@ -565,11 +510,11 @@ async def test_setattr_permissions(tmp_path: Path) -> None:
 
 async def test_mkdir_rmdir(env: Env) -> None:
     await env.readdir()
-    env.reset()
+    env.reset_requests()
     m = await env.mkdir(b"sub")
     assert m.status == NfsStat3.NFS3_OK and m.obj_attributes is not None
     assert m.obj_attributes.type == Ftype3.NF3DIR
-    assert env.counts() == {"put": 1} and "rw/sub/" in env.all_keys()
+    assert env.requests() == {"put": 1} and "rw/sub/" in keys(env.store)
     assert (await env.mkdir(b"sub")).status == NfsStat3.NFS3ERR_EXIST
     assert (await env.mkdir(b"top.bin")).status == NfsStat3.NFS3ERR_EXIST
     sub = await env.fh("sub")
@@ -582,7 +527,7 @@ async def test_mkdir_rmdir(env: Env) -> None:
     assert (await env.remove(b"f", sub)).status == NfsStat3.NFS3_OK
     rm = await env.rmdir(b"sub")
     assert rm.status == NfsStat3.NFS3_OK and rm.dir_wcc.after is not None
-    assert "rw/sub/" not in env.all_keys()
+    assert "rw/sub/" not in keys(env.store)
     assert (await env.lookup(env.root, b"sub")).status == NfsStat3.NFS3ERR_NOENT
     assert "sub" not in (await env.readdir())[1]
     ga = await env.nfs(Nfs3Proc.GETATTR, nfs3.Getattr3Args(sub))
@@ -599,13 +544,13 @@ async def test_rmdir_sees_keys_the_index_hides(env: Env) -> None:
 async def test_remove_last_file_keeps_an_implicit_directory(env: Env) -> None:
     d = await env.fh("dir")
     assert (await env.remove(b"a.txt", d)).status == NfsStat3.NFS3_OK
-    env.reset()
+    env.reset_requests()
     rm = await env.remove(b"b.txt", d)
     assert rm.status == NfsStat3.NFS3_OK
-    assert env.counts() == {"put": 1, "delete": 1}  # the marker, then the object
-    assert env.all_keys().count("rw/dir/") == 1
+    assert env.requests() == {"put": 1, "delete": 1}  # the marker, then the object
+    assert keys(env.store).count("rw/dir/") == 1
     assert (await env.lookup(d, b"b.txt")).status == NfsStat3.NFS3ERR_NOENT
-    env.export.ns.invalidate("", subtree=True)
+    env.export("/rw").ns.invalidate("", subtree=True)
     _, top = await env.readdir()
     assert top["dir"].type == Ftype3.NF3DIR
     assert (await env.readdir(d))[1] == {}
@@ -619,32 +564,32 @@ async def test_remove_drops_staged_writes(env: Env) -> None:
     for off in range(0, len(blob), MiB):
         await env.write(cr.obj, off, blob[off : off + MiB])
     for _ in range(100):
-        if env.gw.writes.stats.parts_streamed:
+        if env.gateway.writes.stats.parts_streamed:
             break
         await asyncio.sleep(0.01)
     assert (await env.remove(b"doomed")).status == NfsStat3.NFS3_OK
-    assert env.gw.writes.staged(env.export, "doomed") is None
-    assert env.gw.writes.spool.used_bytes == 0
+    assert env.gateway.writes.staged(env.export("/rw"), "doomed") is None
+    assert env.gateway.writes.spool.used_bytes == 0
     for _ in range(100):  # the abort runs in the background
         if env.store.requests["abort_multipart"]:
             break
         await asyncio.sleep(0.01)
-    assert env.store.requests["abort_multipart"] == 1 and "rw/doomed" not in env.all_keys()
+    assert env.store.requests["abort_multipart"] == 1 and "rw/doomed" not in keys(env.store)
 
 
 async def test_symlink_readlink_listing(env: Env) -> None:
     await env.readdir()
-    env.reset()
+    env.reset_requests()
     s = await env.symlink(b"ln", b"dir/a.txt")
     assert s.status == NfsStat3.NFS3_OK and s.obj_attributes.type == Ftype3.NF3LNK
     assert s.obj_attributes.size == len(b"dir/a.txt")
-    assert env.counts() == {"put": 1}
+    assert env.requests() == {"put": 1}
     assert env.meta("rw/ln")["symlink-target"] == "dir/a.txt"
     rl = await env.nfs(Nfs3Proc.READLINK, nfs3.Readlink3Args(s.obj))
     assert rl.status == NfsStat3.NFS3_OK and rl.data == b"dir/a.txt"
     assert (await env.readdir())[1]["ln"].type == Ftype3.NF3LNK
     # a re-list of the same object version keeps it a symlink
-    env.export.ns.invalidate("")
+    env.export("/rw").ns.invalidate("")
     assert (await env.readdir())[1]["ln"].type == Ftype3.NF3LNK
     assert (await env.symlink(b"ln", b"x")).status == NfsStat3.NFS3ERR_EXIST
     assert (await env.symlink(b"bad", "é".encode())).status == NfsStat3.NFS3ERR_INVAL
@@ -659,17 +604,17 @@ async def test_rename_file_over_existing(env: Env) -> None:
     d = await env.fh("dir")
     await env.setattr(await env.fh("dir/a.txt"), Sattr3(mode=0o600))
     v0, _ = await env.readdir(d)
-    env.reset()
+    env.reset_requests()
     r = await env.rename(d, b"a.txt", d, b"b.txt")
     assert r.status == NfsStat3.NFS3_OK
     assert r.fromdir_wcc.after is not None and r.todir_wcc.after is not None
-    assert env.counts() == {"copy": 1, "delete": 1}
+    assert env.requests() == {"copy": 1, "delete": 1}
     assert env.data("rw/dir/b.txt") == b"0123456789" * 3
     assert env.meta("rw/dir/b.txt")["mode"] == "600"  # metadata travels with the copy
-    assert "rw/dir/a.txt" not in env.all_keys()
+    assert "rw/dir/a.txt" not in keys(env.store)
     assert (await env.lookup(d, b"a.txt")).status == NfsStat3.NFS3ERR_NOENT
     b = await env.fh("b.txt", d)
-    assert await env.read(b) == b"0123456789" * 3 and (await env.getattr(b)).mode == 0o600
+    assert await env.read_bytes(b) == b"0123456789" * 3 and (await env.attrs(b)).mode == 0o600
     v1, names = await env.readdir(d)
     assert v1 != v0 and set(names) == {"b.txt"}
 
@@ -679,7 +624,7 @@ async def test_rename_staged_file_commits_it_first(env: Env) -> None:
     assert cr.obj is not None
     await env.write(cr.obj, 0, b"staged")
     assert (await env.rename(env.root, b"s1", env.root, b"s2")).status == NfsStat3.NFS3_OK
-    assert env.data("rw/s2") == b"staged" and "rw/s1" not in env.all_keys()
+    assert env.data("rw/s2") == b"staged" and "rw/s1" not in keys(env.store)
 
 
 async def test_rename_rules(env: Env) -> None:
@@ -698,14 +643,7 @@ async def test_rename_rules(env: Env) -> None:
     assert (
         await env.rename(env.root, b"dir", env.root, b"full")
     ).status == NfsStat3.NFS3ERR_NOTEMPTY
-    ro = await env.c.call(
-        mount3.PROGRAM,
-        3,
-        mount3.MountProc.MNT,
-        mount3.pack_mnt3args,
-        mount3.Mnt3Args(b"/ro"),
-        mount3.unpack_mnt3res,
-    )
+    ro = await env.mnt(b"/ro")
     r = await env.rename(ro.fhandle, b"top.bin", env.root, b"t2")
     assert r.status == NfsStat3.NFS3ERR_XDEV
 
@@ -713,20 +651,20 @@ async def test_rename_rules(env: Env) -> None:
 async def test_rename_directory(env: Env) -> None:
     await env.mkdir(b"empty")
     await env.create(b"c.txt", await env.fh("dir"))
-    env.reset()
+    env.reset_requests()
     r = await env.rename(env.root, b"dir", env.root, b"empty")  # onto an empty directory
     assert r.status == NfsStat3.NFS3_OK
-    assert sorted(k for k in env.all_keys() if k.startswith("rw/empty/")) == [
+    assert sorted(k for k in keys(env.store) if k.startswith("rw/empty/")) == [
         "rw/empty/",
         "rw/empty/a.txt",
         "rw/empty/b.txt",
         "rw/empty/c.txt",
     ]
-    assert not [k for k in env.all_keys() if k.startswith("rw/dir/")]
-    assert env.counts()["copy"] == 3 and env.counts()["delete"] == 3
+    assert not [k for k in keys(env.store) if k.startswith("rw/dir/")]
+    assert env.requests()["copy"] == 3 and env.requests()["delete"] == 3
     assert (await env.lookup(env.root, b"dir")).status == NfsStat3.NFS3ERR_NOENT
     assert set((await env.readdir(await env.fh("empty")))[1]) == {"a.txt", "b.txt", "c.txt"}
-    assert await env.read(await env.fh("empty/a.txt")) == b"0123456789" * 3
+    assert await env.read_bytes(await env.fh("empty/a.txt")) == b"0123456789" * 3
 
 
 async def test_rename_directory_over_the_limit_is_not_supported(tmp_path: Path) -> None:
@@ -751,17 +689,10 @@ async def test_link_mknod_not_supported_and_read_only(env: Env) -> None:
         nfs3.Mknod3Args(Diropargs3(env.root, b"fifo"), nfs3.Mknoddata3(Ftype3.NF3FIFO, Sattr3())),
     )
     assert mk.status == NfsStat3.NFS3ERR_NOTSUPP and mk.dir_wcc.after is not None
-    ro = await env.c.call(
-        mount3.PROGRAM,
-        3,
-        mount3.MountProc.MNT,
-        mount3.pack_mnt3args,
-        mount3.Mnt3Args(b"/ro"),
-        mount3.unpack_mnt3res,
-    )
+    ro = await env.mnt(b"/ro")
     root = ro.fhandle
     rofh = await env.fh("top.bin", root)
-    env.reset()
+    env.reset_requests()
     for res in (
         await env.create(b"n", root),
         await env.mkdir(b"n", root),
@@ -779,7 +710,7 @@ async def test_link_mknod_not_supported_and_read_only(env: Env) -> None:
     assert sa.status == NfsStat3.NFS3ERR_ROFS and sa.obj_wcc.after is not None
     rn = await env.rename(root, b"top.bin", root, b"x")
     assert rn.status == NfsStat3.NFS3ERR_ROFS and rn.todir_wcc.after is not None
-    assert env.counts() == {}
+    assert env.requests() == {}
 
 
 # -- budget, write-back, verifier --------------------------------------------------------------
@@ -799,20 +730,20 @@ async def test_spool_budget_answers_jukebox_then_makes_room(tmp_path: Path) -> N
         assert w.status == NfsStat3.NFS3ERR_JUKEBOX
         # the largest staged file is committed in the background; the retry then fits
         for _ in range(200):
-            if env.gw.writes.spool.used_bytes == 0:
+            if env.gateway.writes.spool.used_bytes == 0:
                 break
             await asyncio.sleep(0.01)
         assert env.data("rw/a") == blob * 2
         assert (await env.write(b, 0, b"x")).status == NfsStat3.NFS3_OK
-        assert env.gw.writes.stats.jukebox == 1
+        assert env.gateway.writes.stats.jukebox == 1
 
 
 async def test_idle_files_are_committed_without_commit(env: Env) -> None:
     cr = await env.create(b"lazy")
     assert cr.obj is not None
     await env.write(cr.obj, 0, b"never committed by the client")
-    assert await env.gw.writes.flush_idle(now=0.0) == 0  # not idle yet... (clock before write)
-    assert await env.gw.writes.flush_idle(now=1e12) == 1
+    assert await env.gateway.writes.flush_idle(now=0.0) == 0  # not idle yet... (clock before write)
+    assert await env.gateway.writes.flush_idle(now=1e12) == 1
     assert env.data("rw/lazy") == b"never committed by the client"
 
 
@@ -823,7 +754,7 @@ async def test_base_replaced_under_staged_writes_is_rebased(env: Env) -> None:
     cm = await env.commit(fh)
     assert cm.status == NfsStat3.NFS3_OK
     assert env.data("rw/dir/b.txt") == b"oXher writer"
-    assert env.gw.writes.stats.rebases == 1
+    assert env.gateway.writes.stats.rebases == 1
 
 
 async def test_base_replaced_after_our_own_commit_is_rebased(env: Env) -> None:
@@ -837,7 +768,7 @@ async def test_base_replaced_after_our_own_commit_is_rebased(env: Env) -> None:
     cm = await env.commit(fh)
     assert cm.status == NfsStat3.NFS3_OK
     assert env.data("rw/dir/b.txt") == b"oXher writer"
-    assert env.gw.writes.stats.rebases == 1
+    assert env.gateway.writes.stats.rebases == 1
 
 
 async def test_write_verifier_differs_between_starts(tmp_path: Path) -> None:
@@ -919,7 +850,7 @@ async def test_restart_wipes_the_spool_and_aborts_orphaned_uploads(tmp_path: Pat
             if not store._uploads:
                 break
             await asyncio.sleep(0.01)
-        assert not store._uploads and env.gw.writes.stats.orphan_uploads_aborted == 1
+        assert not store._uploads and env.gateway.writes.stats.orphan_uploads_aborted == 1
         assert not list(spool.iterdir())
 
 
@@ -972,30 +903,30 @@ async def test_random_writes_match_a_bytearray_model(tmp_path: Path, seed: int) 
             else:
                 assert (await env.commit(cr.obj)).status == NfsStat3.NFS3_OK
                 assert env.data("rw/m") == bytes(model), seed
-                assert (await env.getattr(cr.obj)).size == len(model)
+                assert (await env.attrs(cr.obj)).size == len(model)
         assert (await env.commit(cr.obj)).status == NfsStat3.NFS3_OK
         assert env.data("rw/m") == bytes(model)
         assert await env.read_all(cr.obj) == bytes(model)
-        assert env.gw.writes.spool.used_bytes == 0
+        assert env.gateway.writes.spool.used_bytes == 0
 
 
 async def test_write_racing_a_remove_never_recreates_the_file(env: Env) -> None:
     cr = await env.create(b"gone")
     assert cr.obj is not None
     # the WRITE resolves its handle, then waits for the path's lock the REMOVE holds
-    writes = env.gw.writes
-    async with writes.lock(env.export, "gone"):
+    writes = env.gateway.writes
+    async with writes.lock(env.export("/rw"), "gone"):
         w = asyncio.create_task(env.write(cr.obj, 0, b"late", FILE_SYNC))
-        key = (env.export.id, "gone")
+        key = (env.export("/rw").id, "gone")
         for _ in range(200):  # until the WRITE waits for the lock
             if writes._locks._locks[key][1] == 2:
                 break
             await asyncio.sleep(0.005)
         assert writes._locks._locks[key][1] == 2
-        await writes.delete_object(env.export, "gone", is_dir=False)
+        await writes.delete_object(env.export("/rw"), "gone", is_dir=False)
     res = await w
     assert res.status == NfsStat3.NFS3ERR_STALE
-    assert "rw/gone" not in env.all_keys() and writes.staged(env.export, "gone") is None
+    assert "rw/gone" not in keys(env.store) and writes.staged(env.export("/rw"), "gone") is None
 
 
 async def test_backend_failures_leave_the_write_path_as_gateway_errors(env: Env) -> None:
@@ -1006,7 +937,7 @@ async def test_backend_failures_leave_the_write_path_as_gateway_errors(env: Env)
     from gateway.backend.base import BackendError, BackendUnavailable, ObjectNotFound
     from gateway.errors import Busy, IoError, StaleHandle
 
-    writes, export = env.gw.writes, env.export
+    writes, export = env.gateway.writes, env.export("/rw")
     assert (await env.create(b"f")).status == NfsStat3.NFS3_OK
     e = await export.ns.getattr("f")
     env.store.fail = lambda op, key: BackendUnavailable("slow down") if op == "put" else None

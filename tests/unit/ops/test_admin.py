@@ -19,7 +19,8 @@ from gateway.exports import ExportConfig
 from gateway.ops import cli
 from gateway.ops.configfile import ConfigErrors, ConfigIssue
 from nfsproto.nfs3 import NfsStat3
-from tests.unit.ops.helpers import Client, Http, Stores, admin_config, make_config, running, sample
+from tests.harness.memory import MemoryGateway
+from tests.unit.ops.helpers import Http, admin_config, sample
 
 OK = NfsStat3.NFS3_OK
 N = 5
@@ -33,12 +34,16 @@ def files(n: int = N, dirs: int = 1) -> dict[str, bytes]:
     return {f"ds/d{j}/f{i}.jpg": bytes([i]) * (100 + i) for j in range(dirs) for i in range(n)}
 
 
+def gateway(tmp_path: Path, export: ExportConfig | None = None, **kw: Any) -> MemoryGateway:
+    """/data (or ``export``) with the admin API on a free port."""
+    kw.setdefault("admin", admin_config())
+    return MemoryGateway.of(tmp_path, [export or data_export()], **kw)
+
+
 async def test_metrics_move_by_exactly_the_expected_amounts(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, [data_export()], admin=admin_config())
-    stores = Stores({"/data": files()})
-    async with running(cfg, stores) as server:
-        http = Http(server.metrics_port)
-        c = await Client.connect(server.port)
+    async with gateway(tmp_path, files=files()) as gw:
+        http = Http(gw.server.metrics_port)
+        c = await gw.connect()
         before = await http.metrics()
         root = await c.mount(b"/data")
         d = await c.lookup(root, b"d0")
@@ -103,19 +108,18 @@ async def test_healthz_readyz(tmp_path: Path) -> None:
     def fail(op: str, key: str) -> BaseException | None:
         return BackendUnavailable("connection refused") if failing["on"] and op == "list" else None
 
-    cfg = make_config(tmp_path, [data_export()], admin=admin_config())
-    stores = Stores({"/data": files()})
-    async with running(cfg, stores, clock=clock) as server:
+    async with gateway(tmp_path, files=files(), clock=clock) as gw:
+        server = gw.server
         http = Http(server.metrics_port)
-        stores.by_path["/data"].fail = fail
+        gw.store.fail = fail
         assert await http.get("/healthz") == (200, "ok\n")
         status, body = await http.json("GET", "/readyz")
         assert status == 200 and body == {"ready": True, "backends": {"/data": "ok"}}
-        lists = stores.by_path["/data"].requests["list"]
+        lists = gw.store.requests["list"]
         failing["on"] = True
         status, body = await http.json("GET", "/readyz")
         assert status == 200  # cached: no new probe within READY_CACHE_S
-        assert stores.by_path["/data"].requests["list"] == lists
+        assert gw.store.requests["list"] == lists
         clock.advance(10)
         status, body = await http.json("GET", "/readyz")
         assert status == 503 and "connection refused" in body["backends"]["/data"]
@@ -131,11 +135,9 @@ async def test_healthz_readyz(tmp_path: Path) -> None:
 
 
 async def test_bearer_token(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, [data_export()], admin=admin_config(token="s3cret"))
-    async with running(cfg, Stores({"/data": files()})) as server:
-        anon = Http(server.metrics_port)
-        wrong = Http(server.metrics_port, token="guess")
-        good = Http(server.metrics_port, token="s3cret")
+    async with gateway(tmp_path, files=files(), admin=admin_config(token="s3cret")) as gw:
+        port = gw.server.metrics_port
+        anon, wrong, good = Http(port), Http(port, token="guess"), Http(port, token="s3cret")
         for path in ("/metrics", "/v1/stats", "/v1/warmup"):
             assert (await anon.get(path))[0] == 401
             assert (await wrong.get(path))[0] == 401
@@ -156,12 +158,9 @@ async def test_bearer_token(tmp_path: Path) -> None:
 )
 async def test_invalidate(tmp_path: Path, immutable: bool) -> None:
     export = dataclasses.replace(data_export(), immutable=immutable, attr_ttl_s=3600)
-    cfg = make_config(tmp_path, [export], admin=admin_config())
-    stores = Stores({"/data": files()})
-    async with running(cfg, stores) as server:
-        http = Http(server.metrics_port)
-        store = stores.by_path["/data"]
-        c = await Client.connect(server.port)
+    async with gateway(tmp_path, export, files=files()) as c:
+        http = Http(c.server.metrics_port)
+        store = c.store
         root = await c.mount(b"/data")
         d = (await c.lookup(root, b"d0")).object
         assert (await c.lookup(d, b"new.jpg")).status == NfsStat3.NFS3ERR_NOENT
@@ -180,22 +179,18 @@ async def test_invalidate(tmp_path: Path, immutable: bool) -> None:
         assert (await c.lookup(d, b"newer.jpg")).status == OK
         assert (await http.json("POST", "/v1/invalidate", {"path": "/nope/x"}))[0] == 404
         assert (await http.json("POST", "/v1/invalidate", {"path": "rel"}))[0] == 400
-        await c.close()
         await http.close()
 
 
 async def test_warmup_metadata_then_data(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, [data_export()], admin=admin_config())
-    stores = Stores({"/data": files(4, dirs=3)})
-    async with running(cfg, stores) as server:
-        http = Http(server.metrics_port)
-        store = stores.by_path["/data"]
+    async with gateway(tmp_path, files=files(4, dirs=3)) as c:
+        http = Http(c.server.metrics_port)
+        store = c.store
         status, job = await http.json("POST", "/v1/warmup", {"path": "/data", "wait": True})
         assert status == 200, job
         assert job["state"] == "done" and job["dirs_listed"] == 4 and job["files_seen"] == 12
         assert job["files_read"] == 0 and store.requests == {"list": 4}
         # every lookup and getattr is now answered without a request
-        c = await Client.connect(server.port)
         root = await c.mount(b"/data")
         handles = []
         for j in range(3):
@@ -227,7 +222,6 @@ async def test_warmup_metadata_then_data(tmp_path: Path) -> None:
         assert (await http.json("POST", "/v1/warmup", {"path": "/elsewhere"}))[0] == 404
         bad = {"path": "/data", "concurrency": 0}
         assert (await http.json("POST", "/v1/warmup", bad))[0] == 400
-        await c.close()
         await http.close()
 
 
@@ -260,10 +254,8 @@ class SlowStore(MemoryStore):
 
 async def test_warmup_concurrency_is_bounded_and_cancellable(tmp_path: Path) -> None:
     SlowStore.peak = SlowStore.inflight = 0
-    cfg = make_config(tmp_path, [data_export()], admin=admin_config())
-    stores = Stores({"/data": files(6, dirs=12)}, cls=SlowStore)
-    async with running(cfg, stores) as server:
-        http = Http(server.metrics_port)
+    async with gateway(tmp_path, store=SlowStore(), files=files(6, dirs=12)) as gw:
+        http = Http(gw.server.metrics_port)
         body = {"path": "/data", "data": True, "concurrency": 3, "wait": True}
         status, job = await http.json("POST", "/v1/warmup", body)
         assert job["state"] == "done" and job["files_read"] == 72 and job["dirs_listed"] == 13
@@ -286,7 +278,6 @@ async def test_warmup_concurrency_is_bounded_and_cancellable(tmp_path: Path) -> 
 
 
 async def test_reload_endpoint(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, [data_export()], admin=admin_config())
     outcome: dict[str, Any] = {"config": None}
 
     def loader() -> Any:
@@ -294,8 +285,8 @@ async def test_reload_endpoint(tmp_path: Path) -> None:
             raise ConfigErrors([ConfigIssue("nfsgw.toml:3", "server.port", "out of range")])
         return outcome["config"]
 
-    stores = Stores({"/data": files(), "/more": {"more/x": b"x"}})
-    async with running(cfg, stores, config_loader=loader) as server:
+    async with gateway(tmp_path, files={**files(), "more/x": b"x"}, config_loader=loader) as c:
+        cfg, server = c.server.config, c.server
         http = Http(server.metrics_port)
         status, body = await http.json("POST", "/v1/reload")
         assert status == 422 and body["ok"] is False
@@ -305,13 +296,11 @@ async def test_reload_endpoint(tmp_path: Path) -> None:
         outcome["config"] = dataclasses.replace(cfg, exports=(data_export(), more))
         status, body = await http.json("POST", "/v1/reload")
         assert status == 200 and body == {"ok": True, "errors": []}
-        c = await Client.connect(server.port)
         await c.mount(b"/more")
         m = await http.metrics()
         assert sample(m, "nfsgw_config_reloads_total", outcome="ok") == 1
         assert sample(m, "nfsgw_config_reloads_total", outcome="error") == 1
         assert sample(m, "nfsgw_exports") == 2
-        await c.close()
         await http.close()
 
 
@@ -320,8 +309,9 @@ async def test_stats_and_warmup_commands(
 ) -> None:
     token = tmp_path / "token"
     token.write_text("tok\n")
-    cfg = make_config(tmp_path, [data_export()], admin=admin_config(token="tok"))
-    async with running(cfg, Stores({"/data": files(3, dirs=2)})) as server:
+    admin = admin_config(token="tok")
+    async with gateway(tmp_path, files=files(3, dirs=2), admin=admin) as gw:
+        server = gw.server
         url = ["--admin-url", f"http://127.0.0.1:{server.metrics_port}", "--token-file", str(token)]
         rc = await asyncio.to_thread(cli.main, ["warmup", "/data", "--data", *url])
         out = capsys.readouterr().out

@@ -17,7 +17,7 @@ from gateway.exports import ExportConfig
 from gateway.ops.configfile import load_config
 from nfsproto import mount3
 from nfsproto.nfs3 import NfsStat3
-from tests.unit.ops.helpers import Client, Stores, make_config, running
+from tests.harness.memory import MemoryGateway
 
 OK = NfsStat3.NFS3_OK
 
@@ -57,10 +57,11 @@ def gate() -> Any:
 
 
 async def test_stop_drains_in_flight_calls(tmp_path: Path, gate: asyncio.Event) -> None:
-    cfg = make_config(tmp_path, [ExportConfig("/data", "s3://b/d/")])
-    stores = Stores({"/data": {"d/f": b"payload"}}, cls=GatedStore)
-    async with running(cfg, stores) as server:
-        c = await Client.connect(server.port)
+    exports = [ExportConfig("/data", "s3://b/d/")]
+    files = {"d/f": b"payload"}
+    async with MemoryGateway.of(tmp_path, exports, store=GatedStore(), files=files) as gw:
+        server = gw.server
+        c = await gw.connect()
         root = await c.mount(b"/data")
         f = await c.lookup(root, b"f")
         read = asyncio.create_task(c.read(f.object))
@@ -78,10 +79,11 @@ async def test_stop_drains_in_flight_calls(tmp_path: Path, gate: asyncio.Event) 
 
 
 async def test_stop_gives_up_at_the_deadline(tmp_path: Path, gate: asyncio.Event) -> None:
-    cfg = make_config(tmp_path, [ExportConfig("/data", "s3://b/d/")])
-    stores = Stores({"/data": {"d/f": b"payload"}}, cls=GatedStore)
-    async with running(cfg, stores) as server:
-        c = await Client.connect(server.port)
+    exports = [ExportConfig("/data", "s3://b/d/")]
+    files = {"d/f": b"payload"}
+    async with MemoryGateway.of(tmp_path, exports, store=GatedStore(), files=files) as gw:
+        server = gw.server
+        c = await gw.connect()
         root = await c.mount(b"/data")
         f = await c.lookup(root, b"f")
         read = asyncio.create_task(c.read(f.object))
@@ -122,9 +124,9 @@ async def test_reload_from_the_file(tmp_path: Path) -> None:
     path = tmp_path / "nfsgw.toml"
     path.write_text(TOML.format(state=tmp_path / "state", extra=""))
     cfg, _ = load_config(path)
-    stores = Stores({"/data": {"d/f": b"1"}, "/more": {"more/g": b"2"}})
-    async with running(cfg, stores) as server:
-        c = await Client.connect(server.port)
+    async with MemoryGateway(cfg, files={"d/f": b"1", "more/g": b"2"}) as gw:
+        server = gw.server
+        c = await gw.connect()
         root = await c.mount(b"/data")
         assert (await c.mnt(b"/more")).status == mount3.MountStat3.MNT3ERR_NOENT
         # add an export and change the TTL of another (a fresh index for it)
@@ -163,7 +165,8 @@ async def test_signals(tmp_path: Path) -> None:
     path = tmp_path / "nfsgw.toml"
     path.write_text(TOML.format(state=tmp_path / "state", extra=""))
     cfg, _ = load_config(path)
-    async with running(cfg, Stores()) as server:
+    async with MemoryGateway(cfg) as gw:
+        server = gw.server
         task = asyncio.create_task(server.run_until_signalled())
         await asyncio.sleep(0)
         # the loop's handlers are in place (a default SIGHUP would end the test process)
@@ -179,19 +182,21 @@ async def test_signals(tmp_path: Path) -> None:
 
 
 async def test_connection_limit(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, [ExportConfig("/data", "s3://b/d/")], server_max_connections=2)
-    async with running(cfg, Stores({"/data": {"d/f": b"1"}})) as server:
-        a = await Client.connect(server.port)
-        b = await Client.connect(server.port)
+    exports = [ExportConfig("/data", "s3://b/d/")]
+    files = {"d/f": b"1"}
+    async with MemoryGateway.of(tmp_path, exports, files=files, server_max_connections=2) as gw:
+        server = gw.server
+        a = await gw.connect()
+        b = await gw.connect()
         await a.mount(b"/data")
         await b.mount(b"/data")
-        c = await Client.connect(server.port)
+        c = await gw.connect()
         with pytest.raises((ConnectionError, OSError)):
             await c.mount(b"/data")
         assert server.refused_connections == 1
         await a.close()
         await _until(lambda: len(server.connections) == 1)
-        d = await Client.connect(server.port)
+        d = await gw.connect()
         await d.mount(b"/data")
         for cl in (b, c, d):
             await cl.close()
@@ -200,10 +205,9 @@ async def test_connection_limit(tmp_path: Path) -> None:
 async def test_stop_uploads_staged_writes(tmp_path: Path) -> None:
     from nfsproto import nfs3
 
-    cfg = make_config(tmp_path, [ExportConfig("/rw", "s3://b/rw/", squash="none")])
-    stores = Stores({"/rw": {"rw/keep": b"k"}})
-    async with running(cfg, stores) as server:
-        c = await Client.connect(server.port)
+    exports = [ExportConfig("/rw", "s3://b/rw/", squash="none")]
+    async with MemoryGateway.of(tmp_path, exports, files={"rw/keep": b"k"}) as gw:
+        c = await gw.connect()
         root = await c.mount(b"/rw")
         how = nfs3.CreateHow3(nfs3.CreateMode3.UNCHECKED, nfs3.Sattr3())
         cr = await c.nfs(
@@ -214,6 +218,5 @@ async def test_stop_uploads_staged_writes(tmp_path: Path) -> None:
             nfs3.Write3Args(cr.obj, 0, 5, nfs3.StableHow.UNSTABLE, b"hello"),
         )
         assert wr.status == OK and wr.committed == nfs3.StableHow.UNSTABLE
-        await server.stop(drain_timeout_s=30)  # no COMMIT was sent
-    store = stores.by_path["/rw"]
-    assert (await store.get("rw/staged")).data == b"hello"
+        await gw.server.stop(drain_timeout_s=30)  # no COMMIT was sent
+    assert (await gw.store.get("rw/staged")).data == b"hello"

@@ -17,7 +17,7 @@ import pytest
 
 from gateway.exports import ExportConfig
 from gateway.ops.systemd import Notifier
-from tests.unit.ops.helpers import Stores, make_config, running
+from tests.harness.memory import MemoryGateway, gateway_config
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -118,14 +118,13 @@ async def test_a_dead_manager_socket_is_not_fatal(tmp_path: Path) -> None:
 
 
 async def test_server_lifecycle_messages(tmp_path: Path, notify_sock: NotifySocket) -> None:
-    cfg = make_config(tmp_path, [ExportConfig("/data", "s3://b/d/")])
+    cfg = gateway_config(tmp_path / "state", [ExportConfig("/data", "s3://b/d/")])
     n = Notifier({"NOTIFY_SOCKET": notify_sock.address})
-    stores = Stores({"/data": {"d/a": b"1"}})
-
-    async with running(cfg, stores, notifier=n, config_loader=lambda: cfg) as server:
+    files = {"d/a": b"1"}
+    async with MemoryGateway(cfg, files=files, notifier=n, config_loader=lambda: cfg) as gw:
         m = await notify_sock.recv()
-        assert m["READY"] == "1" and m["STATUS"] == f"serving 1 export on port {server.port}"
-        assert await server.reload()
+        assert m["READY"] == "1" and m["STATUS"] == f"serving 1 export on port {gw.port}"
+        assert await gw.server.reload()
         assert (await notify_sock.recv())["RELOADING"] == "1"
         assert (await notify_sock.recv())["READY"] == "1"
     m = await notify_sock.recv()

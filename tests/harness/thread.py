@@ -1,16 +1,17 @@
-"""Run a real ``gateway.ops.server.Server`` for integration tests: on a background thread with its
-own event loop, so the test thread can make blocking client calls (libnfs) while the test still
-reads the server's counters in-process.
+"""The gateway on a thread of its own: the server ``tests.harness.memory`` builds
+(``gateway_config`` + ``Server``), over real stores, on a background event loop, so the
+test's thread can make blocking calls (libnfs, ``tests.rpcclient.BlockingRpcClient``) while
+it still reads the server's counters in-process.
 
-Owns: the gateway's thread and loop, its configuration for tests (127.0.0.1, port 0, a state
-directory, S3 credentials passed explicitly through ``Server(store_factory=...)`` so nothing
-touches ``os.environ``), snapshots of its counters, and a small blocking ONC RPC client on
-nfsproto for the calls libnfs cannot make (forged handles, other programs, READDIRPLUS driven
-cookie by cookie). Must not: share an event loop with a blocking client.
+Owns: the loop thread (``LoopThread``, also used alone to run a proxy or a fake server), the
+stores of each export (S3 credentials passed explicitly through ``Server(store_factory=...)``
+so nothing touches ``os.environ``; ``wrap_store`` may wrap them for spies and faults), a clock
+tests move forward (``OffsetClock``) and snapshots of the server's counters. Must not: share
+an event loop with a blocking client.
 
     with GatewayThread([ExportConfig("/data", "s3://bkt/ds/", read_only=True)],
                        state_dir=tmp, s3=seaweed.store_kwargs()) as gw:
-        with LibNfs(gw.url("/data")) as nfs:
+        with LibNfs(gw.libnfs_url("/data")) as nfs:
             nfs.stat("/a.jpg")
         assert gw.backend_counts()["head"] == 0
 """
@@ -18,9 +19,6 @@ cookie by cookie). Must not: share an event loop with a blocking client.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import os
-import socket
 import threading
 import time
 from collections import Counter
@@ -34,16 +32,12 @@ from gateway.backend import open_store
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.clock import Clock
 from gateway.exports import Export, ExportConfig
-from gateway.ops.config import ServerConfig
 from gateway.ops.server import Server
-from nfsproto import mount3, nfs3, rpc
-from nfsproto.xdr import Reader, Writer
+from tests.harness.memory import gateway_config
 
-__all__ = ["GatewayThread", "LoopThread", "OffsetClock", "RawRpc", "StoreWrapper", "delta"]
+__all__ = ["GatewayThread", "LoopThread", "OffsetClock", "StoreWrapper", "delta"]
 
 T = TypeVar("T")
-A = TypeVar("A")
-R = TypeVar("R")
 
 StoreWrapper = Callable[[ExportConfig, ObjectStore], ObjectStore]
 
@@ -129,8 +123,8 @@ class LoopThread:
 class GatewayThread:
     """A ``Server`` on its own loop thread. ``s3`` holds the endpoint and credentials
     (``SeaweedServer.store_kwargs()``: endpoint_url, region, access_key, secret_key) for
-    ``s3://`` exports; ``wrap_store`` may wrap each export's store (spies, fault injection);
-    other keyword arguments are ``ServerConfig`` fields."""
+    ``s3://`` exports; other keyword arguments are ``gateway_config`` settings (a 256 MiB
+    data cache unless given)."""
 
     def __init__(
         self,
@@ -140,17 +134,10 @@ class GatewayThread:
         s3: Mapping[str, object] | None = None,
         clock: Clock | None = None,
         wrap_store: StoreWrapper | None = None,
-        **options: Any,
+        **settings: Any,
     ) -> None:
-        options.setdefault("cache_memory", 256 << 20)
-        self.config = ServerConfig.of(
-            exports,
-            server_listen="127.0.0.1",
-            server_port=0,
-            server_state_dir=state_dir,
-            server_uvloop=False,
-            **options,
-        )
+        settings.setdefault("cache_memory", 256 << 20)
+        self.config = gateway_config(state_dir, exports, **settings)
         self.s3 = {k: str(v) for k, v in (s3 or {}).items() if v is not None}
         self.clock = clock
         self.wrap_store = wrap_store
@@ -236,7 +223,7 @@ class GatewayThread:
     def port(self) -> int:
         return self.server.port
 
-    def url(self, export_path: str = "/data", **params: str | int) -> str:
+    def libnfs_url(self, export_path: str = "/data", **params: str | int) -> str:
         """The libnfs URL of an export: NFS and MOUNT on our port (no portmapper), NFSv3, and
         no MOUNT EXPORT call."""
         q = {
@@ -296,89 +283,3 @@ def delta(after: Mapping[str, int], before: Mapping[str, int]) -> Counter[str]:
         if d:
             out[k] = d
     return out
-
-
-class RawRpc:
-    """A blocking ONC RPC client over one TCP connection, on nfsproto: one call at a time,
-    AUTH_SYS uid/gid 0 by default. For calls a well-behaved client never makes."""
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        *,
-        cred: rpc.OpaqueAuth | None = None,
-        timeout_s: float = 30.0,
-        max_record: int = 8 << 20,
-    ) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout_s)
-        self.cred = cred or rpc.auth_sys(0, 0, [0], b"nfsgw-test")
-        self._records = rpc.RecordReader(max_record)
-        self._ready: list[bytes] = []
-        self._xids = itertools.count(int.from_bytes(os.urandom(3), "big") << 8)
-
-    def call_raw(
-        self, prog: int, vers: int, proc: int, args: bytes = b"", cred: rpc.OpaqueAuth | None = None
-    ) -> tuple[rpc.ReplyHeader, Reader]:
-        """One call; the reply header and a Reader at the results, whatever the status."""
-        xid = next(self._xids) & 0xFFFFFFFF
-        w = Writer()
-        rpc.pack_call(w, xid, prog, vers, proc, cred or self.cred)
-        w.raw(args)
-        self.sock.sendall(b"".join(bytes(b) for b in rpc.frame(w.buffers())))
-        while True:
-            while self._ready:
-                rec = self._ready.pop(0)
-                if rpc.peek_xid(rec) == xid:
-                    r = Reader(rec)
-                    return rpc.unpack_reply(r), r
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("connection closed by the server")
-            self._ready.extend(bytes(rec) for rec in self._records.feed(data))
-
-    def call(
-        self,
-        prog: int,
-        vers: int,
-        proc: int,
-        pack_args: Callable[[Writer, A], None],
-        args: A,
-        unpack_res: Callable[[Reader], R],
-    ) -> R:
-        w = Writer()
-        pack_args(w, args)
-        h, r = self.call_raw(prog, vers, proc, w.getvalue())
-        if h.accept_stat != rpc.AcceptStat.SUCCESS:
-            raise RuntimeError(f"RPC call failed: {h}")
-        res = unpack_res(r)
-        r.done()
-        return res
-
-    def nfs(self, proc: nfs3.Nfs3Proc, args: Any) -> Any:
-        codec = nfs3.PROCS[proc]
-        return self.call(nfs3.PROGRAM, nfs3.VERSION, proc, codec.pack_args, args, codec.unpack_res)
-
-    def mnt(self, path: bytes) -> mount3.Mnt3Res:
-        return self.call(
-            mount3.PROGRAM,
-            mount3.VERSION,
-            mount3.MountProc.MNT,
-            mount3.pack_mnt3args,
-            mount3.Mnt3Args(path),
-            mount3.unpack_mnt3res,
-        )
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> RawRpc:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
