@@ -10,7 +10,8 @@ processes (``NodeGroup``). Must not: know about gateways, proxies or reports.
 Per-file RPC patterns (``WorkloadSpec.pattern``):
 
 - ``kernel``: what the Linux client sends for an ``ImageFolder`` epoch. Set-up scans the tree
-  (READDIRPLUS of the root and of every class folder, all pages, ``dircount = maxcount / 8``);
+  (READDIRPLUS of the root and of every class folder, all pages, ``dircount = maxcount`` as
+  Linux 6.1 sends);
   then per file GETATTR (close-to-open) + ACCESS (only the first time this node opens the
   file: the access cache) + READ in ``rsize`` chunks, issued together (read-ahead).
 - ``cv2``: the same scan and GETATTR/ACCESS, then many small reads with seeks, one at a time,
