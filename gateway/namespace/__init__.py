@@ -7,10 +7,11 @@ attributes and dispatch maps the ``GatewayError``s raised here), or import the w
 
 Modules: ``handles`` (handle format, MAC, long-path map), ``paths`` (path form, name rules),
 ``objmeta`` (the object-metadata schema the write path writes and the index reads),
-``entries`` (``Entry``, ``DirPage``, stats, memory estimate), ``cookies`` (READDIR cookies and
-verifiers), ``listing`` (LIST requests: whole-directory listings, targeted lookups),
-``directory`` (one cached directory), ``index`` (``Namespace``: the cache of directories),
-``config``. Other layers import the names below from ``gateway.namespace``.
+``entries`` (``Entry``, ``DirPage``, stats, memory constants), ``columns`` (one directory's
+entries packed in a few buffers), ``cookies`` (READDIR cookies and verifiers), ``listing``
+(LIST requests: whole-directory listings and re-lists compared as they arrive, targeted
+lookups), ``directory`` (one cached directory), ``index`` (``Namespace``: the cache of
+directories, TTLs), ``config``. Other layers import the names below from ``gateway.namespace``.
 """
 
 from gateway.namespace.config import NamespaceConfig

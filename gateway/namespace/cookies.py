@@ -1,18 +1,23 @@
 """READDIR cookies and cookie verifiers (RFC 1813 §3.3.16) that stay valid across re-listings
 (DESIGN §3 "Metadata prefetch").
 
-Owns: ``cookie_hash``, the per-directory map cookie -> name (``CookieMap``), carrying that map
-across a re-list (``carry``) and the verifiers (``Verifiers``). Must not: decide what a
-directory holds or touch the backend (``Namespace`` and ``listing`` do).
+Owns: ``cookie_hash``, the per-directory cookie state (``Cookies``: a cookie column aligned
+with the directory's ``Columns``, salted names, tombstones) and the verifiers
+(``Verifiers``). Must not: decide what a directory holds or touch the backend (``Namespace``,
+``directory`` and ``listing`` do).
 
 - A cookie is a stable hash of the name (``cookie_hash``), >= ``FIRST_COOKIE``: 0 starts a
   listing, 1 and 2 are left for the handler's "." and "..", and every cookie below
   ``FIRST_COOKIE`` means "from the start". Two names of one directory with the same hash are
-  told apart by salting the later one (``CookieMap.add``).
-- The map (built on a directory's first READDIR) also remembers up to ``keep_removed`` removed
-  names, so resuming continues at the first name greater than the cookie's name even if that
-  name is gone; re-listings and evictions keep present names' cookies. An unresolvable cookie
-  is the caller's ``BadCookie``.
+  told apart by salting the later one (``Cookies.column``); a name keeps its cookie as long as
+  it is in the directory.
+- The state (made on a directory's first READDIR) also remembers up to ``keep_removed``
+  removed names, so resuming continues at the first name greater than the cookie's name even
+  if that name is gone; re-listings and evictions keep present names' cookies. An
+  unresolvable cookie is the caller's ``BadCookie``.
+- The column is one ``array('q')`` (8 B an entry), recomputed only when the directory's
+  columns change; resuming from the cookie a page ended with is found through ``hints``,
+  any other with one scan of the column.
 - The 8-byte verifier changes whenever the directory's content changes, but an old verifier is
   accepted whenever its cookie still resolves (the RFC leaves the check to the server), so a
   READDIRPLUS sequence spanning a re-list returns every surviving entry exactly once.
@@ -23,13 +28,17 @@ from __future__ import annotations
 import hashlib
 import itertools
 import struct
-from collections import deque
-from collections.abc import Container, Iterable, Mapping
+import sys
+from array import array
+from collections.abc import Callable
 from typing import Final
 
-from gateway.namespace.entries import Entry
+from gateway.namespace.columns import Columns
 
 FIRST_COOKIE: Final = 3
+_HINTS: Final = 64  # sequential readers of one directory resumed without a scan
+_FIXED: Final = 150  # the object and its three dicts, empty
+_ITEM: Final = 150  # a dict slot, an int and a name
 
 _U64 = struct.Struct(">Q")
 _COOKIE_MASK: Final = (1 << 63) - 1
@@ -44,80 +53,115 @@ def cookie_hash(name: str, salt: int = 0) -> int:
     return c if c >= FIRST_COOKIE else c + FIRST_COOKIE
 
 
-class CookieMap:
-    """cookie -> name for one directory: its present names and its last ``keep_removed``
-    removed ones."""
+class Cookies:
+    """The cookie state of one directory, made on its first READDIR: the cookie of each row of
+    its current ``Columns`` (``col``, an ``array('q')``), the names salted because of a
+    collision, the last ``keep_removed`` removed names (tombstones) and the cookies handed out
+    last (``hints``: a client resumes from the last cookie of a page, found without a scan)."""
 
-    __slots__ = ("collided", "keep_removed", "names", "removed")
+    __slots__ = ("col", "collided", "hints", "keep_removed", "of", "removed")
 
-    def __init__(self, names: Iterable[str], keep_removed: int) -> None:
-        self.names: dict[int, str] = {}
+    def __init__(self, keep_removed: int) -> None:
         self.collided: dict[str, int] = {}  # name -> its salted cookie
-        self.removed: deque[tuple[int, str]] = deque()
+        self.removed: dict[int, str] = {}  # cookie -> removed name, oldest first
+        self.hints: dict[int, str] = {}  # cookie -> name, oldest first
         self.keep_removed = keep_removed
-        for name in names:
-            self.add(name)
+        self.of: Columns | None = None
+        self.col = array("q")
 
-    def name(self, cookie: int) -> str | None:
-        return self.names.get(cookie)
+    def column(self, cols: Columns, prev: Columns | None = None) -> array[int]:
+        """The cookies of ``cols``' rows (computed when ``cols`` is new; ``prev``: the table
+        it replaces, whose names keep their cookies if a new name collides with one)."""
+        if self.of is cols:
+            return self.col
+        names = cols.names_of(0, cols.n)
+        coll = self.collided
+        cs = (
+            [coll.get(n) or cookie_hash(n) for n in names]
+            if coll
+            else list(map(cookie_hash, names))
+        )
+        if len(set(cs)) != len(cs) or self._hits_tombstone(cs, names):
+            cs = self._salted(names, prev)
+        self.of, self.col = cols, array("q", cs)
+        return self.col
 
-    def cookie(self, name: str) -> int:
-        """The cookie of a name in the map."""
-        c = self.collided.get(name) if self.collided else None
-        return c if c is not None else cookie_hash(name)
+    def _hits_tombstone(self, cs: list[int], names: list[str]) -> bool:
+        if not self.removed:
+            return False
+        return any(names[cs.index(c)] != self.removed[c] for c in self.removed.keys() & set(cs))
 
-    def add(self, name: str) -> None:
-        salt = 0
-        c = cookie_hash(name)
-        while True:
-            cur = self.names.get(c)
-            if cur is None:
-                self.names[c] = name
-                break
-            if cur == name:
-                break
-            salt += 1
-            c = cookie_hash(name, salt)
-        if salt:
-            self.collided[name] = c
+    def _salted(self, names: list[str], prev: Columns | None) -> list[int]:
+        """Cookies with collisions told apart: tombstones and names that had a cookie keep
+        theirs; a later name is salted (``cookie_hash(name, salt)``) until it is unique."""
+        coll = self.collided
 
-    def remove(self, name: str, present: Container[str] | None) -> None:
-        """``name`` left the directory: keep its cookie (a tombstone) while fewer than
-        ``keep_removed`` names were removed after it. ``present``: the directory's names
-        now (a name that came back keeps its cookie)."""
-        c = self.collided.get(name, cookie_hash(name))
-        self.removed.append((c, name))
-        while len(self.removed) > self.keep_removed:
-            oc, oname = self.removed.popleft()
-            if present is None or oname not in present:
-                if self.names.get(oc) == oname:
-                    del self.names[oc]
+        def rank(i: int) -> int:
+            n = names[i]
+            return 0 if n in coll else 1 if prev is not None and prev.find(n) >= 0 else 2
+
+        taken: dict[int, str] = dict(self.removed)
+        out = [0] * len(names)
+        for i in sorted(range(len(names)), key=rank):
+            name = names[i]
+            salt = 0
+            c = coll.get(name) or cookie_hash(name)
+            while (cur := taken.get(c)) is not None and cur != name:
+                salt += 1
+                c = cookie_hash(name, salt)
+            taken[c] = name
+            out[i] = c
+            if salt:
+                coll[name] = c
+        return out
+
+    def cookie(self, cols: Columns, r: int, name: str) -> int:
+        """The cookie of ``name`` (row ``r`` of ``cols``, or -1 when it is not a row)."""
+        if r >= 0:
+            return self.column(cols)[r]
+        return self.collided.get(name) or cookie_hash(name)
+
+    def start(self, cols: Columns, cookie: int) -> int:
+        """The row after the one ``cookie`` names (or after its removed name); -1 if it does
+        not resolve."""
+        col = self.column(cols)
+        name = self.hints.get(cookie)
+        if name is not None:
+            r = cols.find(name)
+            if r >= 0 and col[r] == cookie:
+                return r + 1
+        try:
+            return col.index(cookie) + 1
+        except ValueError:
+            pass
+        name = self.removed.get(cookie)
+        return -1 if name is None else cols.after(name)
+
+    def handed_out(self, cookie: int, name: str) -> None:
+        hints = self.hints
+        hints[cookie] = name
+        if len(hints) > _HINTS:
+            del hints[next(iter(hints))]
+
+    def remove(self, cookie: int, name: str, present: Callable[[str], bool]) -> None:
+        """``name`` (cookie ``cookie``) left the directory: keep its cookie reserved while
+        fewer than ``keep_removed`` names were removed after it (``present``: whether a name
+        is in the directory now; one that came back keeps its salted cookie)."""
+        removed = self.removed
+        removed.pop(cookie, None)
+        removed[cookie] = name
+        while len(removed) > self.keep_removed:
+            oc = next(iter(removed))
+            oname = removed.pop(oc)
+            if not present(oname):
                 self.collided.pop(oname, None)
 
-
-def carry(cookies: CookieMap | None, old: Mapping[str, Entry], new: Mapping[str, Entry]) -> bool:
-    """A re-list replaces ``old`` by ``new``: carry the cookie map over (tombstones for the
-    names gone, cookies for the new ones); True if the content changed (names, kinds, sizes,
-    mtimes or ETags), which calls for a new verifier."""
-    changed = len(old) != len(new)
-    for name, e in old.items():
-        ne = new.get(name)
-        if ne is None:
-            changed = True
-            if cookies is not None:
-                cookies.remove(name, old)
-        elif not changed and (
-            ne.kind is not e.kind
-            or ne.size != e.size
-            or ne.mtime_ns != e.mtime_ns
-            or ne.etag != e.etag
-        ):
-            changed = True
-    if cookies is not None and changed:
-        for name in new:
-            if name not in old:
-                cookies.add(name)
-    return changed
+    def nbytes(self) -> int:
+        return (
+            _FIXED
+            + sys.getsizeof(self.col)
+            + _ITEM * (len(self.removed) + len(self.hints) + len(self.collided))
+        )
 
 
 class Verifiers:

@@ -1,8 +1,11 @@
 """What the index hands out and counts: ``Entry`` (one name's attributes), ``DirPage`` (one
-READDIR answer), ``NamespaceStats``, and the memory estimate the index's budget is kept in.
+READDIR answer), ``NamespaceStats``, and the memory constants the index's budget is kept in.
 
 Owns: turning a listed or HEAD-ed object into an ``Entry`` (``file_entry``). Must not: hold
 state, talk to the backend or know about wire types (handlers turn entries into ``fattr3``).
+
+The index does not keep an ``Entry`` per listed name (``columns``): it builds one when a caller
+asks, and keeps ``Entry`` objects only for the few names with metadata or a recent mutation.
 
 **File attributes** come from the listing: size, LastModified, ETag. Object metadata, when a
 listing (e.g. the local backend) or a HEAD carries it, overrides them (``objmeta``): mode,
@@ -21,13 +24,17 @@ from gateway.backend.base import ObjectInfo
 from gateway.namespace.objmeta import parse_metadata
 
 DIR_SIZE: Final = 4096
-# Estimated bytes per cached entry, on top of len(name) + len(path): measured with tracemalloc
-# over a 100,000-entry directory with its cookie map built (CPython 3.11, 64-bit): 354 B for the
-# Entry (slots) object, the name and path str headers, the SortedDict's dict slot and list
-# reference and the cookie map's int key and dict slot; plus the etag str (~83 B) and the mtime
-# int (32 B), which a real backend allocates per object (the fake store shares them): ~470 B.
-ENTRY_OVERHEAD: Final = 480
-DIR_OVERHEAD: Final = 1024
+# The budget's constants (CPython 3.11, 64-bit; measured with tracemalloc, see
+# tests/unit/gateway/test_namespace_index.py): a cached directory's own objects (the Directory,
+# its path strings, empty dicts, the index's map slots) besides its columns, whose buffers are
+# counted as allocated (``Columns.nbytes``).
+DIR_OVERHEAD: Final = 1300
+# An Entry kept whole (a mutation or metadata over the columns, a targeted lookup's answer):
+# the slots object, its name, path and ETag strings, the dict slot holding it.
+ENTRY_BYTES: Final = 360
+# One entry of a listing being built (lists of names, ETags, sizes, mtimes, a name -> position
+# dict), until it is packed into columns.
+BUILD_ENTRY_BYTES: Final = 330
 
 
 class EntryKind(Enum):
@@ -87,11 +94,6 @@ class DirPage:
     entries: list[tuple[int, Entry]]
     eof: bool
     truncated: bool = False
-
-
-def entry_bytes(name: str, path: str) -> int:
-    """The budget's estimate of one cached entry."""
-    return ENTRY_OVERHEAD + len(name) + len(path)
 
 
 def file_entry(name: str, path: str, info: ObjectInfo) -> Entry:

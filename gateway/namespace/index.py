@@ -9,7 +9,8 @@ types, HEAD an object per file (HEAD only in ``refresh``), or import the write p
 (``gateway.errors.from_backend``; a missing object means NOENT here: a name is being resolved).
 
 Decisions (DESIGN §3 "Metadata prefetch"); the others are documented where they are
-implemented (``paths``, ``objmeta``, ``entries``, ``cookies``, ``listing``, ``directory``):
+implemented (``paths``, ``objmeta``, ``entries``, ``columns``, ``cookies``, ``listing``,
+``directory``):
 
 - **Prefetch.** The first lookup/getattr/readdir touching directory D lists D completely (all
   pages) in one task; concurrent callers wait on it. ``getattr(path)`` lists the parent of
@@ -25,12 +26,19 @@ implemented (``paths``, ``objmeta``, ``entries``, ``cookies``, ``listing``, ``di
   targeted lookups; READDIR returns the cached part and then reports eof with
   ``DirPage.truncated`` set (and ``stats.truncated_dirs``, a warning log), rather than hold an
   unbounded listing.
-- **TTL.** A directory view is fresh for ``attr_ttl_s`` after its listing *started*
-  (``immutable``: forever). A stale view is served while one background re-list runs; a view
-  older than ``hard_ttl_factor`` x TTL is not served: callers wait for the re-list. A failed
-  background re-list keeps the old view and is retried after ``retry_after_error_s``.
-- **Budget.** ``memory_bytes`` bounds the estimated footprint of all directories
-  (``entries.ENTRY_OVERHEAD`` per entry); the least recently used directories are dropped
+- **TTL** (DESIGN §3 "Index at ImageNet scale"; what a user can expect: docs/operations.md
+  "Directory caching and staleness"). A view is fresh for its directory's TTL after its
+  listing *started*, less a random 0-20 % (``JITTER``: directories listed together are
+  re-listed spread over time). The TTL starts at ``attr_ttl_s``, doubles each time a re-list
+  finds the directory unchanged, up to ``attr_ttl_max_s``, and is back at ``attr_ttl_s``
+  after a change or an invalidate (``immutable``: fresh forever). Past that, the view is
+  served to every caller while one background re-list runs (``current`` callers take the
+  re-list's answer for a name it has passed); past the hard limit, max(``hard_ttl_factor`` x
+  ``attr_ttl_s``, 2 x ``attr_ttl_max_s``) after its listing, callers wait for the re-list. A
+  failed background re-list keeps the old view and is retried after ``retry_after_error_s``.
+- **Budget.** ``memory_bytes`` bounds what all directories cost (``Directory.bytes``: their
+  columns' buffers as allocated, the entries kept whole, cookies, and ``entries`` constants
+  per directory and per entry being listed); the least recently used directories are dropped
   (whole) past it; a directory with a listing in flight, and the most recently used one, are
   never evicted.
 - **Directory times** are synthetic and stable: the namespace's start time (wall clock), moved
@@ -52,19 +60,19 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 from collections import OrderedDict
-from typing import Literal
+from typing import Final, Literal
 
 import structlog
-from sortedcontainers import SortedDict  # type: ignore[import-untyped]
 
 from gateway.backend.base import BackendError, ListPage, ObjectInfo, ObjectStore
 from gateway.clock import Clock
 from gateway.errors import NameTooLong, NotDirectory, NotFound, StaleHandle, from_backend
 from gateway.namespace.config import NamespaceConfig
 from gateway.namespace.cookies import Verifiers
-from gateway.namespace.directory import Directory
+from gateway.namespace.directory import Directory, Fresh
 from gateway.namespace.entries import (
     DIR_SIZE,
     DirPage,
@@ -78,7 +86,9 @@ from gateway.namespace.paths import NAME_MAX, bad_name, join_path, key_order, sp
 
 log = structlog.get_logger(__name__)
 
-_Fresh = Literal["fresh", "stale", "expired", "none"]
+JITTER: Final = 0.2
+"""A view's freshness ends up to this fraction of its TTL early (never late), at random, so
+directories listed together are re-listed spread over time."""
 
 
 class Namespace:
@@ -100,8 +110,11 @@ class Namespace:
         self.clock = clock
         self.config = config if config is not None else NamespaceConfig()
         self.stats = stats if stats is not None else NamespaceStats()
-        self._ttl = math.inf if self.config.immutable else self.config.attr_ttl_s
-        self._hard_ttl = self._ttl * self.config.hard_ttl_factor
+        cfg = self.config
+        self._ttl = math.inf if cfg.immutable else cfg.attr_ttl_s
+        self._ttl_max = max(self._ttl, cfg.ttl_max_s())
+        self._hard_ttl = max(self._ttl * cfg.hard_ttl_factor, 2 * self._ttl_max)
+        self._random = random.Random()
         self._dirs: OrderedDict[str, Directory] = OrderedDict()
         self._start_ns = clock.time_ns()
         self._dir_times: OrderedDict[str, int] = OrderedDict()
@@ -113,9 +126,10 @@ class Namespace:
 
     async def getattr(self, path: str, *, current: bool = False) -> Entry:
         """Attributes of ``path`` (lists its parent on first touch). NotFound if absent.
-        ``current``: a parent view past its TTL is not served while it is re-listed; the
-        caller waits for the new listing (READ uses it: a file deleted from the bucket must not
-        be served from the data cache past the TTL)."""
+        ``current`` (READ uses it): when the parent's view is past its TTL and its re-list has
+        already passed ``path``, the re-list's answer, else the view's; never a wait for the
+        re-list (a file deleted from the bucket stops being served once that re-list has
+        passed it, or ended)."""
         if not path:
             return self._root
         parent, name = split_path(path)
@@ -158,7 +172,11 @@ class Namespace:
         await self._view(d)
         if not d.exists:
             await self._raise_dir_missing(dir_path)
-        return d.page(cookie, max_entries, self.config.removed_cookies_per_dir)
+        try:
+            return d.page(cookie, max_entries, self.config.removed_cookies_per_dir, self._dir_entry)
+        finally:
+            self._account(d.recost(), 0)
+            self._evict()
 
     async def refresh(self, path: str) -> Entry:
         """Re-read one file's attributes and metadata with a HEAD (e.g. for READLINK, or after
@@ -168,7 +186,9 @@ class Namespace:
             return self._root
         parent, name = split_path(path)
         pd = self._dirs.get(parent)
-        cached: Entry | None = pd.view.get(name) if pd is not None and pd.view is not None else None
+        cached: Entry | None = None
+        if pd is not None and pd.cols is not None:
+            cached = pd.get(name, self._dir_entry)
         if cached is not None and cached.kind is EntryKind.DIR:
             return cached
         self.stats.heads += 1
@@ -233,12 +253,14 @@ class Namespace:
             if pd is not None:
                 pd.probes.pop(name, None)
                 pd.expire()
+                pd.ttl = self._ttl
                 self._changed(pd)
             else:
                 self._bump_dir_time(parent)
         d = self._dirs.get(path)
         if d is not None:
             d.expire()
+            d.ttl = self._ttl
             self._changed(d)
         if subtree:
             self._forget_subtree(path, keep_self=True)
@@ -272,7 +294,7 @@ class Namespace:
     def _dir(self, path: str) -> Directory:
         d = self._dirs.get(path)
         if d is None:
-            d = Directory(path, f"{self.prefix}{path}/" if path else self.prefix)
+            d = Directory(path, f"{self.prefix}{path}/" if path else self.prefix, self._ttl)
             self._dirs[path] = d
             self._account(d.bytes, 0)
             self.stats.dirs = len(self._dirs)
@@ -280,32 +302,22 @@ class Namespace:
             self._dirs.move_to_end(path)
         return d
 
-    def _freshness(self, d: Directory) -> _Fresh:
-        if d.view is None:
-            return "none"
-        if d.listed_at == -math.inf:  # invalidated: re-list before serving (also if immutable)
-            return "expired"
-        age = self.clock.monotonic() - d.listed_at
-        if age <= self._ttl:
-            return "fresh"
-        if age <= self._hard_ttl:
-            return "stale"
-        return "expired"
+    def _freshness(self, d: Directory) -> Fresh:
+        return d.freshness(self.clock.monotonic(), self._hard_ttl)
 
-    async def _view(self, d: Directory) -> SortedDict[str, Entry]:
-        """The directory's complete (or partial-mode) view, waiting for a listing if needed."""
+    async def _view(self, d: Directory) -> None:
+        """Until the directory has a complete (or partial-mode) view, listing if needed."""
         state = self._freshness(d)
         if state == "stale":
             self._background_relist(d)
-        if d.view is not None and state != "expired":
-            return d.view
+        if d.cols is not None and state != "expired":
+            return
         while True:
             lst = self._start_listing(d)
             await lst.wait()
             if not lst.invalid:  # else it predates an invalidate(): list again
                 break
-        assert d.view is not None  # a listing that did not raise installed a view
-        return d.view
+        assert d.cols is not None  # a listing that did not raise installed a view
 
     def _background_relist(self, d: Directory) -> None:
         if d.listing is None and self.clock.monotonic() >= d.retry_at:
@@ -315,7 +327,7 @@ class Namespace:
         """The directory's listing in flight, started if there is none (single-flight)."""
         if d.listing is not None:
             return d.listing
-        lst = Listing(self.clock.monotonic(), relist=d.view is not None)
+        lst = Listing(self.clock.monotonic(), d.cols)
         d.listing = lst
         if lst.relist:
             self.stats.relists += 1
@@ -340,7 +352,7 @@ class Namespace:
             )
         except BaseException as exc:
             lst.wake()
-            self._account(-lst.bytes, -len(lst.entries))
+            self._account(-lst.bytes, -lst.count())
             if d.listing is lst:
                 d.listing = None
             if not isinstance(exc, asyncio.CancelledError):
@@ -353,7 +365,7 @@ class Namespace:
 
     def _ingest(self, d: Directory, lst: Listing, page: ListPage) -> None:
         self.stats.list_pages += 1
-        added, nbytes, skipped = lst.ingest(page, d.key_prefix, d.path, self._dir_entry)
+        added, nbytes, skipped = lst.ingest(page, d.key_prefix, d.path)
         self.stats.skipped_keys += skipped
         self._account(nbytes, added)
         lst.wake()
@@ -364,14 +376,17 @@ class Namespace:
             d.listing = None
         if self._dirs.get(d.path) is not d:
             # Dropped meanwhile (cannot happen while a listing is in flight; defensive).
-            self._account(-lst.bytes, -len(lst.entries))
+            self._account(-lst.bytes, -lst.count())
             return
-        relist = d.view is not None
+        relist = d.cols is not None
         changed, nbytes, nentries = d.install(lst, partial)
         self._account(nbytes, nentries)
         if changed:
             self._changed(d, bump_time=relist)
-        entries = len(d.view) if d.view is not None else 0
+        if relist:  # acdirmin/acdirmax style: unchanged, the next re-list comes later
+            d.ttl = self._ttl if changed else min(2 * d.ttl, self._ttl_max)
+        d.listed(-math.inf if lst.invalid else lst.started_at, JITTER * self._random.random())
+        entries = d.count()
         seconds = time.perf_counter() - lst.t0
         log.info(
             "dir_prefetched",
@@ -380,6 +395,8 @@ class Namespace:
             pages=lst.pages,
             seconds=round(seconds, 6),
             relist=lst.relist,
+            changed=changed,
+            ttl_s=d.ttl,
             partial=partial,
         )
         if partial:
@@ -399,11 +416,13 @@ class Namespace:
             state = self._freshness(d)
             if state == "stale":
                 self._background_relist(d)
-            view = d.view
-            if view is not None and (
-                state == "fresh" or (state == "stale" and not current) or waited
-            ):
-                e: Entry | None = view.get(name)
+                lst = d.listing
+                if current and lst is not None and not lst.invalid:
+                    got = self._from_listing(d, lst, name)
+                    if got is not False:
+                        return got
+            if d.cols is not None and (state == "fresh" or state == "stale" or waited):
+                e: Entry | None = d.get(name, self._dir_entry)
                 if e is not None:
                     self.stats.hits += 1
                     return e
@@ -415,16 +434,9 @@ class Namespace:
             if lst.invalid:  # predates an invalidate(): let it end, then list again
                 await lst.wait()
                 continue
-            if name in lst.overrides:
-                self.stats.hits += 1
-                return lst.overrides[name]
-            if lst.last_seen and reached(lst.last_seen, d.key_prefix, name):
-                e = lst.entries.get(name)
-                if e is None:
-                    self.stats.negative_hits += 1
-                else:
-                    self.stats.hits += 1
-                return e
+            got = self._from_listing(d, lst, name)
+            if got is not False:
+                return got
             if lst.pages > self.config.huge_dir_pages:
                 return await self._probe(d, name)
             await lst.next_page()
@@ -432,6 +444,20 @@ class Namespace:
             if lst.task.done():
                 await lst.wait()  # raises the listing's error, if any
                 waited = not lst.invalid
+
+    def _from_listing(self, d: Directory, lst: Listing, name: str) -> Entry | Literal[False] | None:
+        """``name`` as listing ``lst`` has it, if it has settled it; else False."""
+        if name in lst.overrides:
+            self.stats.hits += 1
+            return lst.overrides[name]
+        if lst.last_seen and reached(lst.last_seen, d.key_prefix, name):
+            e = lst.get(name, join_path(d.path, name), self._dir_entry)
+            if e is None:
+                self.stats.negative_hits += 1
+            else:
+                self.stats.hits += 1
+            return e
+        return False
 
     async def _probe(self, d: Directory, name: str) -> Entry | None:
         """A targeted lookup of ``name`` in ``d``: from ``d.probes`` within its TTL, else one
@@ -478,6 +504,7 @@ class Namespace:
             if len(d.probes) >= self.config.probes_per_dir:
                 d.probes.clear()
             d.probes[name] = (e, started + self._ttl)
+            self._account(d.recost(), 0)
         return e
 
     async def _getattr_dir(self, path: str) -> Entry:
@@ -487,11 +514,14 @@ class Namespace:
         return e
 
     def _check_not_file(self, dir_path: str) -> None:
+        d = self._dirs.get(dir_path)
+        if d is not None and d.count():
+            return  # listed with children: a directory (it wins over an object of its name)
         parent, name = split_path(dir_path)
         pd = self._dirs.get(parent)
-        if pd is not None and pd.view is not None and self._freshness(pd) != "expired":
-            e = pd.view.get(name)
-            if e is not None and e.kind is not EntryKind.DIR:
+        if pd is not None and pd.cols is not None and self._freshness(pd) != "expired":
+            kind = pd.kind(name)
+            if kind is not None and kind is not EntryKind.DIR:
                 raise NotDirectory(dir_path)
 
     async def _raise_dir_missing(self, dir_path: str) -> None:
@@ -523,10 +553,8 @@ class Namespace:
         while path:
             parent, name = split_path(path)
             pd = self._dirs.get(parent)
-            if pd is not None:
-                e = pd.view.get(name) if pd.view is not None else None
-                if e is None or e.kind is not EntryKind.DIR:
-                    self._set_child(parent, name, self._dir_entry(name, path))
+            if pd is not None and pd.kind(name) is not EntryKind.DIR:
+                self._set_child(parent, name, self._dir_entry(name, path))
             d = self._dirs.get(path)
             if d is not None:
                 d.exists = True
@@ -561,13 +589,7 @@ class Namespace:
             self._dir_times.popitem(last=False)
         if not path:
             self._root.mtime_ns = self._root.ctime_ns = t
-            return
-        parent, name = split_path(path)
-        pd = self._dirs.get(parent)
-        if pd is not None and pd.view is not None:
-            e = pd.view.get(name)
-            if e is not None and e.kind is EntryKind.DIR:
-                e.mtime_ns = e.ctime_ns = t
+        # Entries of directories are built when asked for (``_dir_entry``): they read it.
 
     # -- budget --------------------------------------------------------------------------------
 
@@ -577,7 +599,7 @@ class Namespace:
 
     def _drop(self, d: Directory) -> None:
         del self._dirs[d.path]
-        self._account(-d.bytes, -(len(d.view) if d.view is not None else 0))
+        self._account(-d.bytes, -d.count())
         self.stats.dirs = len(self._dirs)
 
     def _evict(self) -> None:

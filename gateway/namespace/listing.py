@@ -1,11 +1,11 @@
-"""Reading directories from the backend: one whole-directory listing in flight (paging, turning
-pages into entries, letting callers wait for the next page), the targeted lookup of one name,
-and what a re-list keeps from the view it replaces.
+"""Reading directories from the backend: one whole-directory listing in flight (paging,
+comparing a re-list's pages with the view or building new columns, letting callers wait for
+the next page) and the targeted lookup of one name.
 
 Owns: every LIST request the index makes and the translation of their failures
 (``gateway.errors.from_backend``: a missing object there means NOENT, a name being resolved).
 Must not: hold the index's state (which directories are cached, their TTLs, the budget: that
-is ``Namespace``) or HEAD objects.
+is ``Namespace``; the view and what a re-list keeps of it: ``Directory``) or HEAD objects.
 
 - **Directories** are common prefixes and ``dir/`` marker objects (``Delimiter='/'``); a marker
   is the key equal to the listed prefix and proves an empty directory exists (so do keys that
@@ -18,58 +18,181 @@ is ``Namespace``) or HEAD objects.
   ``targeted_max_keys`` keys, shows both the object ``name`` and the prefix ``name/``; only if
   more than that many keys sort between them ("name-x", "name.jpg" < "name/") a second LIST
   (prefix = D + name + '/', one key) settles whether the directory exists.
-- **Re-lists keep metadata** (``keep_metadata``): listings carry no object metadata, so an
-  entry whose object version is unchanged (same ETag and size) keeps the attributes a HEAD or
-  a write gave it (mode, owner, mtime, symlink). A metadata-only change made elsewhere (a copy
-  in place keeps the ETag) shows only after a HEAD (``Namespace.refresh``).
+- **A re-list costs what changed** (``Listing``): its pages are compared with the view's
+  columns as they arrive, a run of rows at a time (``Columns.same_files``: no object per
+  entry); new columns are built only from the first difference on, starting from the rows
+  found unchanged. An unchanged directory keeps its columns (the same objects).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 
 from gateway.backend.base import BackendError, ListPage, ObjectInfo, ObjectStore
 from gateway.errors import NotFound, from_backend
-from gateway.namespace.entries import Entry, EntryKind, NamespaceStats, entry_bytes, file_entry
-from gateway.namespace.paths import bad_name, key_order
+from gateway.namespace.columns import KIND_DIR, KIND_FILE, Columns, DirEntry
+from gateway.namespace.entries import (
+    BUILD_ENTRY_BYTES,
+    Entry,
+    EntryKind,
+    NamespaceStats,
+    file_entry,
+)
+from gateway.namespace.paths import bad_name, join_path, key_order
+
+
+class Builder:
+    """The entries of a listing that builds new columns, in the order they arrive (packed and
+    sorted once, by ``finish``), with a name -> position map for lookups meanwhile and for a
+    prefix that turns an object already seen into the directory of the same name."""
+
+    __slots__ = ("etags", "index", "kinds", "meta", "mtimes", "names", "sizes")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.kinds = bytearray()
+        self.sizes: list[int] = []
+        self.mtimes: list[int] = []
+        self.etags: list[str] = []
+        self.index: dict[str, int] = {}
+        self.meta: dict[str, Entry] = {}  # entries whose listing carried metadata
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def seed(self, cols: Columns, rows: Iterable[int]) -> None:
+        """Start from rows of ``cols`` (those a re-list had found unchanged)."""
+        names, kinds, sizes, mtimes, etags = cols.lists()
+        keep = list(rows)
+        if len(keep) != cols.n:
+            names = [names[r] for r in keep]
+            kinds = bytearray(kinds[r] for r in keep)
+            sizes = [sizes[r] for r in keep]
+            mtimes = [mtimes[r] for r in keep]
+            etags = [etags[r] for r in keep]
+        self.index.update(zip(names, itertools.count(len(self.names))))
+        self.names += names
+        self.kinds += kinds
+        self.sizes += sizes
+        self.mtimes += mtimes
+        self.etags += etags
+
+    def file(self, name: str, path: str, obj: ObjectInfo) -> bool:
+        """Add a listed object; False if the name was there already."""
+        i = self.index.get(name)
+        if i is not None and self.kinds[i] == KIND_DIR:
+            return False  # the directory of the same name wins
+        if obj.metadata:
+            self.meta[name] = file_entry(name, path, obj)
+        if i is not None:
+            self.sizes[i], self.mtimes[i], self.etags[i] = obj.size, obj.mtime_ns, obj.etag
+            return False
+        self.index[name] = len(self.names)
+        self.names.append(name)
+        self.kinds.append(KIND_FILE)
+        self.sizes.append(obj.size)
+        self.mtimes.append(obj.mtime_ns)
+        self.etags.append(obj.etag)
+        return True
+
+    def dir(self, name: str) -> bool:
+        """Add a listed common prefix; False if the name was there already."""
+        i = self.index.get(name)
+        if i is not None:
+            self.kinds[i] = KIND_DIR
+            self.sizes[i] = self.mtimes[i] = 0
+            self.etags[i] = ""
+            self.meta.pop(name, None)
+            return False
+        self.index[name] = len(self.names)
+        self.names.append(name)
+        self.kinds.append(KIND_DIR)
+        self.sizes.append(0)
+        self.mtimes.append(0)
+        self.etags.append("")
+        return True
+
+    def get(self, name: str, path: str, dir_entry: DirEntry) -> Entry | None:
+        i = self.index.get(name)
+        if i is None:
+            return None
+        if self.kinds[i] == KIND_DIR:
+            return dir_entry(name, path)
+        e = self.meta.get(name)
+        if e is not None:
+            return e
+        m = self.mtimes[i]
+        return Entry(name, path, EntryKind.FILE, self.sizes[i], m, m, self.etags[i])
+
+    def finish(self) -> Columns:
+        names = self.names
+        if sorted(names) == names:
+            return Columns(names, self.kinds, self.sizes, self.mtimes, self.etags)
+        order = sorted(range(len(names)), key=names.__getitem__)
+        return Columns(
+            [names[i] for i in order],
+            bytes(self.kinds[i] for i in order),
+            [self.sizes[i] for i in order],
+            [self.mtimes[i] for i in order],
+            [self.etags[i] for i in order],
+        )
 
 
 class Listing:
-    """One listing of a directory in flight: the entries seen so far, the mutations made
-    meanwhile (``overrides``: they win over what the listing reports), how far it got."""
+    """One listing of a directory in flight: what it found so far, the mutations made
+    meanwhile (``overrides``: they win over what the listing reports), how far it got.
+
+    A first listing builds (``builder``). A re-list compares its pages with the view's columns
+    (``base``) as they arrive, building nothing: a run of rows at a time while every page is
+    the next rows' files (``pos``), else name by name (``matched``, a byte per row). At the
+    first difference it starts a ``Builder`` from the rows found unchanged so far; a re-list
+    that finds nothing different ends with ``result()`` returning ``base`` itself."""
 
     __slots__ = (
+        "base",
+        "builder",
         "bytes",
-        "entries",
         "invalid",
         "last_seen",
         "marker_seen",
+        "matched",
+        "nmatched",
         "overrides",
         "page_fut",
         "pages",
+        "pos",
         "relist",
+        "shadowed",
         "started_at",
         "t0",
         "task",
     )
 
-    def __init__(self, started_at: float, relist: bool) -> None:
-        # A plain dict while paging (names arrive in order; a SortedDict insert costs ~2 us
-        # each), sorted once when the listing is installed.
-        self.entries: dict[str, Entry] = {}
+    def __init__(self, started_at: float, base: Columns | None) -> None:
+        self.base = base
+        self.builder: Builder | None = Builder() if base is None else None
+        self.pos = 0  # rows of base matched, in order (while ``matched`` is None)
+        self.matched: bytearray | None = None
+        self.nmatched = 0
+        self.shadowed: list[tuple[str, ObjectInfo]] = []  # objects behind a directory row
         self.overrides: dict[str, Entry | None] = {}
         self.last_seen = b""
         self.pages = 0
-        self.bytes = 0
+        self.bytes = 0  # the builder's, in the budget
         self.marker_seen = False
         self.invalid = False  # predates an invalidate(): its result is served expired
-        self.relist = relist
+        self.relist = base is not None
         self.started_at = started_at
         self.t0 = time.perf_counter()
         self.task: asyncio.Task[None] | None = None
         self.page_fut: asyncio.Future[None] | None = None
+
+    def count(self) -> int:
+        """Entries this listing holds (in the budget's entry count)."""
+        return len(self.builder) if self.builder is not None else 0
 
     def start(self, coro: Coroutine[object, object, None]) -> None:
         self.task = asyncio.get_running_loop().create_task(coro)
@@ -121,61 +244,139 @@ class Listing:
                 return True
             token = page.next_token
 
-    def ingest(
-        self,
-        page: ListPage,
-        key_prefix: str,
-        dir_path: str,
-        dir_entry: Callable[[str, str], Entry],
-    ) -> tuple[int, int, int]:
-        """Add ``page``'s children of ``dir_path``; (entries added, their bytes, keys
-        skipped)."""
-        kp = key_prefix
+    def get(self, name: str, path: str, dir_entry: DirEntry) -> Entry | None:
+        """``name`` as this listing has it so far (the caller checks ``reached`` and
+        ``overrides``)."""
+        if self.builder is not None:
+            return self.builder.get(name, path, dir_entry)
+        base = self.base
+        assert base is not None
+        r = base.find(name)
+        if r < 0 or (r >= self.pos if self.matched is None else not self.matched[r]):
+            return None
+        return base.entry(r, name, path, dir_entry)
+
+    def ingest(self, page: ListPage, key_prefix: str, dir_path: str) -> tuple[int, int, int]:
+        """Take in ``page``'s children of ``dir_path``; (entries and bytes the listing holds
+        now more than before, keys skipped)."""
+        entries, nbytes = self.count(), self.bytes
+        skipped = self._ingest(page, key_prefix, dir_path)
+        if skipped:
+            self.marker_seen = True  # unpathable keys still prove the directory exists
+        return self.count() - entries, self.bytes - nbytes, skipped
+
+    def _ingest(self, page: ListPage, kp: str, dir_path: str) -> int:
+        objs = page.objects
+        if objs and objs[0].key == kp:  # the marker sorts first
+            self.marker_seen = True
+            objs = objs[1:]
+        last = page_end(page)
+        if last > self.last_seen:
+            self.last_seen = last
+        if self.builder is None:
+            base = self.base
+            assert base is not None
+            if self.matched is None and not page.prefixes and base.same_files(self.pos, objs, kp):
+                self.pos += len(objs)
+                return page.skipped
+            skipped = self._compare(base, objs, page.prefixes, kp)
+            if skipped >= 0:
+                return skipped + page.skipped
+            self._diverge(dir_path)
+        return self._build(objs, page.prefixes, kp, dir_path) + page.skipped
+
+    def _compare(
+        self, base: Columns, objs: Sequence[ObjectInfo], prefixes: Sequence[str], kp: str
+    ) -> int:
+        """Match a page name by name against ``base``; the keys skipped, or -1 at the first
+        difference."""
+        m = self.matched
+        if m is None:
+            m = self.matched = bytearray(base.n)
+            m[: self.pos] = b"\1" * self.pos
+            self.nmatched = self.pos
         n = len(kp)
-        entries = self.entries
-        overrides = self.overrides
-        skipped = page.skipped
-        added = 0
-        added_bytes = 0
-        for obj in page.objects:
+        skipped = 0
+        for obj in objs:
             key = obj.key
             name = key[n:]
-            if not name and key == kp:
-                self.marker_seen = True
-                continue
             if not key.startswith(kp) or bad_name(name):
                 skipped += 1
                 continue
-            if name in overrides:
+            r = base.find(name)
+            if r < 0 or obj.metadata or m[r]:
+                return -1
+            if base.kinds[r] == KIND_DIR:
+                self.shadowed.append((name, obj))  # its prefix is compared when it comes
                 continue
-            old = entries.get(name)
-            if old is not None and old.kind is EntryKind.DIR:
-                continue
-            path = f"{dir_path}/{name}" if dir_path else name
-            entries[name] = file_entry(name, path, obj)
-            if old is None:
-                added += 1
-                added_bytes += entry_bytes(name, path)
-        for cp in page.prefixes:
+            if not base.same_row(r, KIND_FILE, obj.size, obj.mtime_ns, obj.etag):
+                return -1
+            m[r] = 1
+            self.nmatched += 1
+        for cp in prefixes:
             name = cp[n:-1]
             if not cp.startswith(kp) or not cp.endswith("/") or bad_name(name):
                 skipped += 1
                 continue
-            if name in overrides:
+            r = base.find(name)
+            if r < 0 or base.kinds[r] != KIND_DIR or m[r]:
+                return -1
+            m[r] = 1
+            self.nmatched += 1
+        return skipped
+
+    def _diverge(self, dir_path: str) -> None:
+        """The listing differs from ``base``: build from the rows found unchanged so far."""
+        base = self.base
+        assert base is not None and self.builder is None
+        b = self.builder = Builder()
+        if self.matched is None:
+            b.seed(base, range(self.pos))
+        else:
+            b.seed(base, itertools.compress(range(base.n), self.matched))
+        for name, obj in self.shadowed:
+            b.file(name, join_path(dir_path, name), obj)
+        self.matched = None
+        self.shadowed = []
+        self.bytes += len(b) * BUILD_ENTRY_BYTES
+
+    def _build(
+        self, objs: Sequence[ObjectInfo], prefixes: Sequence[str], kp: str, dir_path: str
+    ) -> int:
+        """Add a page to the builder; the keys skipped."""
+        b = self.builder
+        assert b is not None
+        n = len(kp)
+        before = len(b)
+        skipped = 0
+        for obj in objs:
+            key = obj.key
+            name = key[n:]
+            if not key.startswith(kp) or bad_name(name):
+                skipped += 1
                 continue
-            path = f"{dir_path}/{name}" if dir_path else name
-            old = entries.get(name)
-            entries[name] = dir_entry(name, path)
-            if old is None:
-                added += 1
-                added_bytes += entry_bytes(name, path)
-        last = page_end(page)
-        if last > self.last_seen:
-            self.last_seen = last
-        self.bytes += added_bytes
-        if skipped:
-            self.marker_seen = True  # unpathable keys still prove the directory exists
-        return added, added_bytes, skipped
+            b.file(name, f"{dir_path}/{name}" if dir_path else name, obj)
+        for cp in prefixes:
+            name = cp[n:-1]
+            if not cp.startswith(kp) or not cp.endswith("/") or bad_name(name):
+                skipped += 1
+                continue
+            b.dir(name)
+        self.bytes += (len(b) - before) * BUILD_ENTRY_BYTES
+        return skipped
+
+    def result(self, dir_path: str) -> tuple[Columns, dict[str, Entry]]:
+        """The listing's columns (``base`` itself when nothing differed) and the entries whose
+        listing carried metadata."""
+        base = self.base
+        if self.builder is None:
+            assert base is not None
+            if (self.pos if self.matched is None else self.nmatched) == base.n:
+                return base, {}
+            self._diverge(dir_path)  # rows gone
+        b = self.builder
+        assert b is not None
+        return b.finish(), b.meta
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
@@ -217,27 +418,3 @@ async def targeted_lookup(
     except BackendError as exc:
         raise from_backend(exc, NotFound) from exc
     return is_dir, obj
-
-
-def keep_metadata(
-    old: Mapping[str, Entry], new: dict[str, Entry], overrides: Mapping[str, Entry | None]
-) -> None:
-    """In a re-list's ``new`` entries, keep ``old``'s entry of every file whose object is
-    unchanged (same ETag and size) and whose listing shows no metadata, so a re-list does not
-    turn a symlink back into a file or a chmod back into the export's default."""
-    for name, e in new.items():
-        if e.kind is not EntryKind.FILE or name in overrides:
-            continue
-        o = old.get(name)
-        if (
-            o is not None
-            and o is not e
-            and o.kind is not EntryKind.DIR
-            and o.etag == e.etag
-            and o.size == e.size
-            and e.mode is None
-            and e.uid is None
-            and e.gid is None
-            and e.symlink_target is None
-        ):
-            new[name] = o

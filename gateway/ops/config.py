@@ -242,7 +242,7 @@ class CacheConfig:
         ),
     )
     metadata_memory: int = field(
-        default=1 << 30,  # ~525 B per entry: ImageNet (1.28 M files) needs ~670 MB
+        default=1 << 30,  # ~80 B per entry + ~2 KiB per directory: ImageNet needs ~100 MiB
         metadata=setting(
             size(1 * MiB), "directory index budget across exports", flag="--metadata-memory"
         ),
