@@ -109,7 +109,8 @@ class Gateway:
         credentials by the export's squash rule (``ctx.export_id`` records it, so every
         procedure sees the mapped identity). A second handle of another export in the same
         call (RENAME, LINK) is NFS3ERR_XDEV. A handle whose object is gone is STALE; a forged
-        or foreign one BADHANDLE. ``current``: attributes not older than the TTL (see
+        or foreign one BADHANDLE. ``current``: past the TTL, the answer of the re-list
+        it starts once that has passed the name, never a wait for the whole re-list (see
         ``Namespace.getattr``)."""
         export_id, path = await self.handles.decode(fh)
         export = self.exports.get(export_id)

@@ -18,8 +18,8 @@ from nfsproto.nfs3 import NfsStat3, Read3Args, Read3Res
 
 
 async def read3(gw: Gateway, ctx: CallContext, args: Read3Args) -> Read3Res:
-    # current: past the TTL, wait for the parent's re-list rather than serve cached bytes of
-    # an object that may be gone (one LIST per directory per TTL).
+    # current: past the TTL, the parent's re-list's answer once it has passed the name (never
+    # a wait for the whole re-list), so a deleted object turns STALE with that re-list.
     export, entry = await gw.resolve(ctx, args.file, current=True)
     async with on_failure(lambda s: Read3Res(s, file_attributes=fattr(export, entry))):
         if entry.kind == EntryKind.DIR:

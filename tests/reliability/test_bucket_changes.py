@@ -152,21 +152,26 @@ def test_added_deleted_overwritten_after_the_ttl(env: Env) -> None:
     assert env.read(changed) == (OK, b"2" * 4500)
 
 
-def test_a_deleted_file_is_not_served_from_the_cache_once_relisted(env: Env) -> None:
-    """Past the TTL a READ waits for the parent's re-list: a deleted file is STALE at once,
-    never its old bytes from the data cache."""
+def test_a_deleted_file_is_stale_once_its_directory_is_relisted(env: Env) -> None:
+    """Past the TTL a READ does not wait for the parent's re-list (docs/operations.md,
+    "Directory caching and staleness"): the first READ starts it and may still get the old
+    bytes from the data cache; once the re-list has passed the name, the file is STALE, and
+    old bytes never come back after a STALE."""
     env.put("e/f.bin", b"f" * 100_000)
     _, fh = env.lookup("e/f.bin")
     assert env.read(fh)[0] == OK
     env.delete("e/f.bin")
     env.past_ttl()
     seen: Counter[str] = Counter()
+    t0 = time.monotonic()
+    last_old = 0.0
     for _ in range(200):
         status, data = env.read(fh)
         if status == OK:
             assert data == b"f" * 100_000
             assert seen["STALE"] == 0, "old bytes after STALE"
             seen["old bytes"] += 1
+            last_old = time.monotonic() - t0
         else:
             assert status == STALE, status
             seen["STALE"] += 1
@@ -174,8 +179,9 @@ def test_a_deleted_file_is_not_served_from_the_cache_once_relisted(env: Env) -> 
                 break
         time.sleep(0.01)
     assert seen["STALE"] >= 3, seen
-    assert seen["old bytes"] == 0, seen
-    print(f"\nREADs of a deleted file past the TTL: {dict(seen)}")
+    # Old bytes only while one re-list of a one-file directory runs.
+    assert last_old < 2.0, (seen, last_old)
+    print(f"\nREADs of a deleted file past the TTL: {dict(seen)}, old bytes until {last_old:.3f} s")
 
 
 def test_reads_never_mix_versions(env: Env) -> None:
