@@ -130,8 +130,11 @@ class RpcClient:
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        # asyncio.wait, not ``await`` under suppress(CancelledError): a cancelled close()
+        # must stay cancelled.
+        await asyncio.wait([self._task])
+        if not self._task.cancelled():
+            self._task.exception()  # retrieved: the reader's failure was reported to callers
 
 
 async def call_once(

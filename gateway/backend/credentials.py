@@ -10,7 +10,6 @@ botocore may read files and do network I/O (IMDS, STS), so it only ever runs in 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from datetime import datetime
@@ -157,5 +156,8 @@ class CredentialCache:
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            # asyncio.wait: our own cancellation still propagates (suppressing CancelledError
+            # around ``await task`` would swallow it); a refresh that failed meanwhile is moot.
+            await asyncio.wait([task])
+            if not task.cancelled():
+                task.exception()  # retrieved: no "never retrieved" warning
