@@ -111,9 +111,12 @@ class RpcConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        pn = transport.get_extra_info("peername") or ("?", 0)
-        sn = transport.get_extra_info("sockname") or ("?", 0)
-        self.peer = Peer(str(pn[0]), int(pn[1]), int(sn[1]))
+        pn = transport.get_extra_info("peername")
+        sn = transport.get_extra_info("sockname")
+        if isinstance(pn, tuple) and isinstance(sn, tuple):
+            self.peer = Peer(str(pn[0]), int(pn[1]), int(sn[1]))
+        else:  # a Unix socket: the link from another worker (gateway.forward)
+            self.peer = Peer("local", 0, 0)
         self._connections.add(self)
         self._stats.open += 1
         self._stats.opened += 1

@@ -101,6 +101,7 @@ class GatewayProcess:
         s3: S3Account | None = None,
         env: Mapping[str, str] | None = None,
         startup_timeout_s: float = 60.0,
+        workers: int = 1,
     ) -> None:
         self.work_dir = work_dir
         self.name = name
@@ -114,6 +115,8 @@ class GatewayProcess:
                 "listen": "127.0.0.1",
                 "port": self.port,
                 "state_dir": str(work_dir / f"{name}-state"),
+                # One process unless asked: request counts per process stay exact in tests.
+                "workers": workers,
             },
             "admin": {"listen": f"127.0.0.1:{self.admin_port}"},
             "log": {"format": "json"},
@@ -132,6 +135,8 @@ class GatewayProcess:
         self.log_path = work_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        # With workers the supervisor says when all of them serve.
+        self._started_line = b"supervisor_started" if workers != 1 else b"gateway_started"
 
     # ------------------------------------------------------------------ life cycle
 
@@ -177,10 +182,11 @@ class GatewayProcess:
         return self
 
     def _serving(self, offset: int) -> bool:
-        """This run logged ``gateway_started`` (its listeners are open by then)."""
+        """This run logged ``gateway_started`` (its listeners are open by then), or with
+        several workers ``supervisor_started`` (every worker's are)."""
         with self.log_path.open("rb") as f:
             f.seek(offset)
-            return b"gateway_started" in f.read()
+            return self._started_line in f.read()
 
     def send_signal(self, sig: signal.Signals) -> None:
         """``sig`` to the gateway (SIGHUP: reload its configuration file)."""

@@ -121,6 +121,13 @@ class AdminApi:
         socks = getattr(server, "sockets", None) or []
         return int(socks[0].getsockname()[1]) if socks else port
 
+    async def start_unix(self, path: str) -> None:
+        """Serve on a Unix socket (a worker process: its supervisor is the only client)."""
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.UnixSite(runner, path).start()
+        self._runner = runner
+
     async def stop(self) -> None:
         if self._probe is not None:
             self._probe.cancel()
@@ -130,19 +137,8 @@ class AdminApi:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        token = self.served.config.admin.token
-        if token and request.path not in _OPEN:
-            got = request.headers.get("Authorization", "")
-            scheme, _, value = got.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                value.strip().encode(), token.encode()
-            ):
-                return web.json_response(
-                    {"error": "a bearer token is required (admin.token_file)"},
-                    status=401,
-                    headers={"WWW-Authenticate": 'Bearer realm="nfsgw"'},
-                )
-        return await handler(request)
+        refused = check_token(request, self.served.config.admin.token)
+        return refused if refused is not None else await handler(request)
 
     # -- probes and metrics -------------------------------------------------------------------
 
@@ -288,6 +284,21 @@ class AdminApi:
         ok = await self.served.reload()
         body = {"ok": ok, "errors": self.served.last_reload_error}
         return web.json_response(body, status=200 if ok else 422)
+
+
+def check_token(request: web.Request, token: str | None) -> web.Response | None:
+    """401 unless the request carries the bearer ``token`` (when one is set); the probes
+    (/healthz, /readyz) stay open."""
+    if not token or request.path in _OPEN:
+        return None
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode()):
+        return None
+    return web.json_response(
+        {"error": "a bearer token is required (admin.token_file)"},
+        status=401,
+        headers={"WWW-Authenticate": 'Bearer realm="nfsgw"'},
+    )
 
 
 def stats_snapshot(served: Served, gw: Gateway, m: Metrics, warmups: Warmups) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.ops import logs
 from gateway.ops.config import DEFAULT_ADMIN_LISTEN, Flag, ServerConfig, flags, split_listen
@@ -36,6 +36,10 @@ from gateway.ops.configfile import (
     find_config_path,
     load_config,
 )
+from gateway.ops.workers import Supervisor, WorkerRole, worker_count
+
+if TYPE_CHECKING:
+    from gateway.ops.server import Server
 
 
 def _dest(f: Flag) -> str:
@@ -99,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="serve exports over NFSv3 + MOUNTv3 (+ a PORTMAP responder) on one TCP port"
     )
     _add_config_flags(s)
+    # Set by the supervisor of ``--workers N`` on each worker it starts (gateway.ops.workers).
+    s.add_argument("--worker", type=WorkerRole.parse, default=None, help=argparse.SUPPRESS)
     cc = sub.add_parser(
         "check-config",
         help="check a configuration: every error with its location and a fix (exit 1 on errors)",
@@ -146,7 +152,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
     return load_config(find_config_path(a.config), overrides_from_args(a))[0]
 
 
-async def _serve(config: ServerConfig, a: argparse.Namespace) -> int:
+async def _serve(config: ServerConfig, a: argparse.Namespace, argv: Sequence[str]) -> int:
     from gateway.ops.server import Server
     from gateway.ops.systemd import Notifier
 
@@ -156,19 +162,31 @@ async def _serve(config: ServerConfig, a: argparse.Namespace) -> int:
     def loader() -> ServerConfig:
         return load_config(path, ov)[0]
 
-    server = Server(config, notifier=Notifier(), config_loader=loader)
+    role: WorkerRole | None = a.worker
+    server: Server | Supervisor
+    if role is None and worker_count(config.server.workers) > 1:
+        server = Supervisor(config, argv, notifier=Notifier(), config_loader=loader)
+    else:
+        server = Server(config, notifier=Notifier(), config_loader=loader, role=role)
     try:
         await server.start()
     except OSError as e:  # a port in use, a directory we may not create
         import structlog
 
         structlog.get_logger("gateway.ops.cli").error("start_failed", error=str(e))
-        await server.stop(drain_timeout_s=0)
+        await _stop_now(server)
         return 1
     except BaseException:
-        await server.stop(drain_timeout_s=0)
+        await _stop_now(server)
         raise
     return await server.run_until_signalled()
+
+
+async def _stop_now(server: Server | Supervisor) -> None:
+    if isinstance(server, Supervisor):
+        await server.stop()
+    else:
+        await server.stop(drain_timeout_s=0)
 
 
 def _print_issues(issues: Sequence[Any], quiet: bool = False) -> None:
@@ -198,7 +216,7 @@ def _check(a: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_main(a: argparse.Namespace) -> int:
+def _serve_main(a: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         config, warnings = load_config(find_config_path(a.config), overrides_from_args(a))
     except ConfigErrors as e:
@@ -218,10 +236,10 @@ def _serve_main(a: argparse.Namespace) -> int:
         try:
             import uvloop
 
-            return int(uvloop.run(_serve(config, a)))
+            return int(uvloop.run(_serve(config, a, argv)))
         except ImportError:
             pass
-    return asyncio.run(_serve(config, a))
+    return asyncio.run(_serve(config, a, argv))
 
 
 # ---------------------------------------------------------------------------- admin clients
@@ -374,10 +392,11 @@ def _reload(a: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(args)
     cmd = a.command
     if cmd == "serve":
-        return _serve_main(a)
+        return _serve_main(a, args)
     if cmd == "check-config":
         return _check(a)
     if cmd == "stats":

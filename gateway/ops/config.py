@@ -127,6 +127,20 @@ _PORT: Final = int_in(0, 65535)
 # ============================================================================ the sections
 
 
+def _parse_workers(v: object) -> int:
+    if v == "auto":
+        return 0
+    if isinstance(v, str) and v.isdigit():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_WORKERS:
+        raise Invalid(f'workers must be "auto" or 1..{MAX_WORKERS}, not {v!r}', 'e.g. 2 or "auto"')
+    return v
+
+
+MAX_WORKERS: Final = 256
+_WORKERS: Final = Conv(_parse_workers, show=lambda n: "auto" if n == 0 else str(n))
+
+
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
     """``[server]``: listeners, directories and per-connection bounds."""
@@ -175,6 +189,16 @@ class ServerSettings:
             "seconds in-flight calls get to finish at shutdown",
             flag="--drain-timeout",
             reload="live",
+        ),
+    )
+    workers: int = field(
+        default=0,
+        metadata=setting(
+            _WORKERS,
+            "gateway processes sharing the port (SO_REUSEPORT), under a supervisor; "
+            '"auto" = one per CPU; 1 = a single process, no supervisor',
+            flag="--workers",
+            metavar="N|auto",
         ),
     )
     uvloop: bool = field(

@@ -42,6 +42,7 @@ from gateway.dispatch import CallObserver
 
 __all__ = [
     "LATENCY_BUCKETS",
+    "MERGE_MAX",
     "METRICS",
     "PREPARED_BACKEND_OPS",
     "PREPARED_PROCS",
@@ -52,6 +53,7 @@ __all__ = [
     "MetricDef",
     "Metrics",
     "PerLabel",
+    "SUPERVISOR_METRICS",
     "ServerStats",
 ]
 
@@ -138,6 +140,7 @@ class Hook(enum.Enum):
     RPC_ERRORS = "CallObserver.rpc_error: kind -> count"
     BACKEND = "backend RequestObserver: (op, outcome) -> latency histogram"
     START_TIME = "the Metrics object's creation time"
+    SUPERVISOR = "the worker supervisor (gateway.ops.fanout), not a gateway process"
 
 
 Source = Field | FieldSum | PerLabel | Hook
@@ -357,7 +360,31 @@ METRICS: tuple[MetricDef, ...] = (
        _F("warmup", "files")),
     _M("nfsgw_warmup_read_bytes_total", COUNTER, "Bytes read into the data cache by warm-ups",
        (), _F("warmup", "bytes_read")),
+    # -- workers: forward.RouteStats (a worker other than the owner) ---------------------------
+    _M("nfsgw_routed_calls_total", COUNTER,
+       "Calls for read-write exports passed to the owner worker", (), _F("route", "routed")),
+    _M("nfsgw_routed_link_down_total", COUNTER,
+       "Routed calls answered NFS3ERR_JUKEBOX: the owner worker was unreachable or restarting",
+       (), _F("route", "link_down")),
 )  # fmt: skip
+
+# The supervisor's own series, with ``server.workers`` > 1 (``gateway.ops.fanout`` builds them;
+# every worker's families above are summed into one).
+SUPERVISOR_METRICS: tuple[MetricDef, ...] = (
+    _M("nfsgw_workers", GAUGE, "Worker processes configured", (), Hook.SUPERVISOR),
+    _M("nfsgw_worker_up", GAUGE, "1 while the worker is serving, 0 while it (re)starts",
+       ("worker",), Hook.SUPERVISOR),
+    _M("nfsgw_worker_restarts_total", COUNTER, "Times the supervisor restarted the worker",
+       ("worker",), Hook.SUPERVISOR),
+    _M("nfsgw_worker_crash_loop", GAUGE,
+       "1 while the worker keeps dying young (its restarts back off)", ("worker",),
+       Hook.SUPERVISOR),
+    _M("nfsgw_worker_rpc_requests_total", COUNTER, "RPC calls served by each worker",
+       ("worker",), Hook.SUPERVISOR),
+)  # fmt: skip
+
+# Gauges every worker reports alike (one host-wide amount): merged with max, not summed.
+MERGE_MAX: frozenset[str] = frozenset({"nfsgw_exports"})
 
 
 def _field_refs(src: Source) -> Iterator[tuple[str, str]]:
@@ -391,7 +418,7 @@ def _field_kinds(table: Sequence[MetricDef]) -> dict[str, dict[str, Kind]]:
     return out
 
 
-_FIELD_KINDS = _field_kinds(METRICS)
+_FIELD_KINDS = _field_kinds(METRICS + SUPERVISOR_METRICS)
 
 
 # ================================================================================ recording

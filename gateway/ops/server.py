@@ -36,6 +36,7 @@ from gateway.clock import Clock, SystemClock
 from gateway.data import DataCache, DataStats, ObjectReader
 from gateway.dispatch import Dispatcher
 from gateway.exports import Export, ExportConfig, export_id_for
+from gateway.forward import OwnerLink, Router, serve_owner_link
 from gateway.handlers import register_all
 from gateway.namespace import Namespace, NamespaceStats
 from gateway.namespace.handles import HandleCodec, load_or_create_secret
@@ -45,8 +46,9 @@ from gateway.ops.configfile import ConfigErrors, load_config
 from gateway.ops.metrics import Metrics, ServerStats
 from gateway.ops.systemd import Notifier
 from gateway.ops.warmup import Warmups
+from gateway.ops.workers import WorkerRole
 from gateway.registry import Gateway
-from gateway.transport import ConnectionStats, RpcConnection
+from gateway.transport import CallHandler, ConnectionStats, RpcConnection
 from gateway.writes import WriteManager
 from nfsproto import mount3, nfs3, portmap
 
@@ -72,8 +74,11 @@ class Server:
         store_factory: Callable[[ExportConfig, RequestObserver], ObjectStore] | None = None,
         notifier: Notifier | None = None,
         config_loader: ConfigLoader | None = None,
+        role: WorkerRole | None = None,
     ) -> None:
         self.config = config
+        # One of ``server.workers`` processes (``gateway.ops.workers``), or None: the only one.
+        self.role = role
         self.store_factory = store_factory
         self.clock = clock or SystemClock()
         # Off unless given: in-process servers (tests) must not talk to a real manager.
@@ -84,6 +89,7 @@ class Server:
         self.conn_stats = ConnectionStats()
         self.connections: set[RpcConnection] = set()
         self._servers: list[asyncio.Server] = []
+        self._link: OwnerLink | None = None
         self._registered_with_rpcbind = False
         self.gateway: Gateway | None = None
         self.admin: AdminApi | None = None
@@ -111,10 +117,18 @@ class Server:
         secret = load_or_create_secret(state_dir)
         handles = HandleCodec(secret, state_dir / "handles.sqlite3")
         data_stats = DataStats()
-        cache = DataCache(c.cache.memory, stats=data_stats)
+        # cache.memory is the service's budget: with workers, each one's memory tier a share.
+        memory = c.cache.memory // (self.role.count if self.role is not None else 1)
+        cache = DataCache(memory, stats=data_stats)
         reader = ObjectReader(cache, c.cache.reads, data_stats)
-        # A relative spool_dir (the default "spool") is under the state directory.
+        # A relative spool_dir (the default "spool") is under the state directory. Workers
+        # other than the owner never stage writes (calls for read-write exports are routed to
+        # the owner, ``gateway.forward``); they get a directory of their own all the same, so
+        # nothing they do at start can touch the owner's spool.
         spool_dir = state_dir / c.writes.spool_dir
+        role = self.role
+        if role is not None and not role.owner:
+            spool_dir = spool_dir / f"worker-{role.index}"
         writes = WriteManager(dataclasses.replace(c.writes, spool_dir=spool_dir), reader)
         gw = Gateway(c.server.nfs, handles, reader, writes)
         self.metrics.add_stats("data", data_stats)
@@ -132,6 +146,17 @@ class Server:
 
         loop = asyncio.get_running_loop()
         limits = c.server.transport
+        handler: CallHandler = self.dispatcher.handle
+        if role is not None and role.owner:
+            self._servers.append(
+                await serve_owner_link(
+                    role.owner_socket, self.dispatcher.handle, limits, self.connections
+                )
+            )
+        elif role is not None:
+            self._link = OwnerLink(role.owner_socket, limits.max_record)
+            self.metrics.add_stats("route", self._link.stats)
+            handler = Router(self.dispatcher, gw, self._link).handle
 
         def factory() -> asyncio.Protocol:
             if len(self.connections) >= self.config.server.max_connections:
@@ -143,10 +168,16 @@ class Server:
                         refused=self.refused_connections,
                     )
                 return _Refused()
-            return RpcConnection(self.dispatcher.handle, limits, self.conn_stats, self.connections)
+            return RpcConnection(handler, limits, self.conn_stats, self.connections)
 
+        # Workers share the port: the kernel spreads connections over their listeners.
         srv = await loop.create_server(
-            factory, c.server.listen, c.server.port, reuse_address=True, backlog=1024
+            factory,
+            c.server.listen,
+            c.server.port,
+            reuse_address=True,
+            reuse_port=role is not None,
+            backlog=1024,
         )
         self._servers.append(srv)
         self.port = gw.port = srv.sockets[0].getsockname()[1]
@@ -154,7 +185,12 @@ class Server:
             await self._start_portmap(factory, c.server.portmap_port)
         gw.portmap_port = self.portmap_port
         listen = c.admin.listen
-        if listen:
+        if role is not None:
+            # A worker's admin API is its supervisor's: on a private Unix socket.
+            admin = AdminApi(self, gw, self.metrics, self.warmups, self.clock)
+            await admin.start_unix(str(role.admin_socket))
+            self.admin = admin
+        elif listen:
             admin = AdminApi(self, gw, self.metrics, self.warmups, self.clock)
             self.metrics_port = await admin.start(listen)
             self.admin = admin
@@ -166,7 +202,7 @@ class Server:
             portmap_port=self.portmap_port or None,
             admin_port=self.metrics_port or None,
             exports=[e.path for e in c.exports],
-            cache_memory=c.cache.memory,
+            cache_memory=gw.reader.cache.budget_bytes,
             config=str(c.source) if c.source else None,
         )
         self.notifier.ready(self._status())
@@ -221,11 +257,17 @@ class Server:
         loop = asyncio.get_running_loop()
         try:
             srv = await loop.create_server(
-                factory, self.config.server.listen, port, reuse_address=True
+                factory,
+                self.config.server.listen,
+                port,
+                reuse_address=True,
+                reuse_port=self.role is not None,
             )
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 raise
+            if self.role is not None and not self.role.owner:
+                return  # one registration per service: the owner's
             # A system rpcbind owns the port: register our programs with it instead.
             listen = self.config.server.listen
             host = "127.0.0.1" if listen in ("0.0.0.0", "::") else listen
@@ -403,6 +445,8 @@ class Server:
                     )
                 except Exception as e:
                     log.warning("rpcbind_unset_failed", prog=prog, vers=vers, error=repr(e))
+        if self._link is not None:
+            await self._link.close()
         if self.warmups is not None:
             await self.warmups.close()
         if self.admin is not None:

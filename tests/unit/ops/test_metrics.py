@@ -16,9 +16,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.data import DataStats
+from gateway.forward import RouteStats
 from gateway.namespace import NamespaceStats
 from gateway.ops.metrics import (
     METRICS,
+    SUPERVISOR_METRICS,
     Field,
     FieldSum,
     Kind,
@@ -40,6 +42,7 @@ LAYERS: dict[str, type] = {
     "writes": WriteStats,
     "server": ServerStats,
     "warmup": WarmupStats,
+    "route": RouteStats,
 }
 
 
@@ -163,6 +166,6 @@ def test_operations_doc_lists_every_metric() -> None:
     section = doc[doc.index("\n## Metrics\n") :]
     section = section[: section.index("\n## ", 1)]
     documented = set(re.findall(r"`(nfsgw_[a-z0-9_]+)`", section))
-    declared = {d.name for d in METRICS}
+    declared = {d.name for d in (*METRICS, *SUPERVISOR_METRICS)}
     assert declared - documented == set(), "undocumented metrics"
     assert documented - declared == set(), "documented metrics that do not exist"

@@ -1,0 +1,529 @@
+"""The supervisor's admin API: one ``/metrics`` and one ``/v1`` for all worker processes.
+
+Owns: the same routes as ``gateway.ops.admin`` (and the same bearer token), answered by asking
+every worker over its private Unix socket and combining the answers:
+
+- ``/metrics``: the workers' expositions summed series by series (counters, histogram buckets,
+  and gauges that are per-process amounts such as cache bytes); the gauges every worker reports
+  alike (``metrics.MERGE_MAX``, e.g. the export count or the shared disk tier's size) are
+  taken once, and the start time is the supervisor's. A worker that restarts starts its
+  counters from 0: the supervisor adds the last values it scraped from the previous process,
+  so the service's counters never go down (Prometheus would read a drop as a reset). Plus the
+  supervisor's own series (``metrics.SUPERVISOR_METRICS``): workers configured, up, restarts,
+  calls per worker. Why not prometheus-client's multiprocess mode: the gateway's metrics are
+  collectors reading plain counters at scrape time (``gateway.ops.metrics``: no lock and no
+  shared-memory write on the hot path), which that mode cannot aggregate; scraping each worker
+  costs one small HTTP exchange per worker per scrape instead.
+- ``/v1/stats``: the workers' snapshots merged (numbers summed, ratios recomputed, exports by
+  path) plus a ``workers`` list (pid, up, restarts, crash loop, calls).
+- ``/readyz``: 200 when every worker is up and ready; 503 naming a worker that is starting,
+  restarting or crash-looping, or whose backend probe fails.
+- ``/v1/invalidate`` and ``/v1/reload``: sent to every worker.
+- ``/v1/warmup``: metadata warm-ups run in every worker (each has its own index); the data
+  part runs in worker 0 only, since the disk tier it fills is shared (the other workers' memory
+  tiers fill on demand from it). Jobs get a supervisor id; ``GET`` shows worker 0's progress
+  and ``DELETE`` cancels the job in every worker.
+
+Must not: hold state a worker needs, or block the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import aiohttp
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from gateway.ops.admin import check_token
+from gateway.ops.config import ServerConfig, split_listen
+from gateway.ops.metrics import MERGE_MAX, SUPERVISOR_METRICS
+
+
+class WorkerRoleView(Protocol):
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def owner(self) -> bool: ...
+
+    @property
+    def admin_socket(self) -> Path: ...
+
+
+class WorkerView(Protocol):
+    """One worker slot as the supervisor sees it (``gateway.ops.workers.Worker``)."""
+
+    @property
+    def role(self) -> WorkerRoleView: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+    @property
+    def crashes_in_a_row(self) -> int: ...
+
+    @property
+    def crash_looping(self) -> bool: ...
+
+    @property
+    def last_exit(self) -> int | None: ...
+
+
+class Fleet(Protocol):
+    """What the admin API needs from the supervisor (``gateway.ops.workers.Supervisor``)."""
+
+    @property
+    def config(self) -> ServerConfig: ...
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def started(self) -> bool: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def last_reload_error(self) -> list[str]: ...
+
+    @property
+    def workers(self) -> Sequence[WorkerView]: ...
+
+    async def reload(self) -> bool: ...
+
+
+log = structlog.get_logger(__name__)
+
+WORKER_TIMEOUT_S: Final = 10.0
+_RATIOS: Final = {
+    # key -> (numerator path, denominator path) inside the merged snapshot
+    "backend_requests_per_file_opened": (("backend", "requests_total"), ("files_opened",)),
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+SampleKey = tuple[str, str, tuple[tuple[str, str], ...]]  # family, sample name, labels
+
+
+@dataclass(slots=True)
+class _Carry:
+    """Counter values of a worker slot's earlier processes, added to the current one."""
+
+    pid: int | None = None
+    last: dict[SampleKey, float] = field(default_factory=dict)
+    retired: dict[SampleKey, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Job:
+    id: int
+    worker_ids: dict[int, int]  # worker index -> that worker's job id
+
+
+class FanoutApi:
+    def __init__(self, sup: Fleet) -> None:
+        self.sup = sup
+        self.start_time = time.time()
+        self._runner: web.AppRunner | None = None
+        self._sessions: dict[int, aiohttp.ClientSession] = {}
+        self._carry: dict[int, _Carry] = {}
+        self._types: dict[str, tuple[str, str]] = {}  # family -> (help, type), as last seen
+        self._jobs: dict[int, _Job] = {}
+        self._next_job = 0
+        self._warmup_lock = asyncio.Lock()
+        self.app = web.Application(middlewares=[self._auth], client_max_size=64 << 10)
+        r = self.app.router
+        r.add_get("/metrics", self.metrics_page)
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/readyz", self.readyz)
+        r.add_get("/v1/stats", self.stats)
+        r.add_post("/v1/invalidate", self.invalidate)
+        r.add_post("/v1/warmup", self.warmup)
+        r.add_get("/v1/warmup", self.warmup_list)
+        r.add_get("/v1/warmup/{id}", self.warmup_get)
+        r.add_delete("/v1/warmup/{id}", self.warmup_cancel)
+        r.add_post("/v1/reload", self.reload)
+
+    async def start(self, listen: str) -> int:
+        host, port = split_listen(listen)
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        self._runner = runner
+        server = getattr(site, "_server", None)
+        socks = getattr(server, "sockets", None) or []
+        return int(socks[0].getsockname()[1]) if socks else port
+
+    async def stop(self) -> None:
+        for s in self._sessions.values():
+            await s.close()
+        self._sessions.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        refused = check_token(request, self.sup.config.admin.token)
+        return refused if refused is not None else await handler(request)
+
+    # -- talking to workers -----------------------------------------------------------------
+
+    def _session(self, w: WorkerView) -> aiohttp.ClientSession:
+        s = self._sessions.get(w.role.index)
+        if s is None or s.closed:
+            s = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=str(w.role.admin_socket)),
+                timeout=aiohttp.ClientTimeout(total=WORKER_TIMEOUT_S),
+            )
+            self._sessions[w.role.index] = s
+        return s
+
+    async def _ask(
+        self, w: WorkerView, method: str, path: str, body: Any = None
+    ) -> tuple[int, Any] | None:
+        """(status, decoded body) from one worker, or None when it does not answer."""
+        if not w.ready:
+            return None
+        try:
+            async with self._session(w).request(method, "http://worker" + path, json=body) as r:
+                text = await r.text()
+                if r.content_type == "application/json":
+                    return r.status, json.loads(text)
+                return r.status, text
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
+            log.warning("worker_admin_failed", worker=w.role.index, path=path, error=repr(e))
+            return None
+
+    async def _ask_all(
+        self, method: str, path: str, body: Any = None
+    ) -> list[tuple[WorkerView, tuple[int, Any] | None]]:
+        ws = list(self.sup.workers)
+        answers = await asyncio.gather(*(self._ask(w, method, path, body) for w in ws))
+        return list(zip(ws, answers, strict=True))
+
+    # -- probes and metrics -------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        sup = self.sup
+        if not sup.started or sup.stopping:
+            reason = "stopping" if sup.stopping else "starting"
+            return web.json_response({"ready": False, "reason": reason}, status=503)
+        workers: list[dict[str, Any]] = []
+        backends: dict[str, Any] = {}
+        ok = True
+        for w, ans in await self._ask_all("GET", "/readyz"):
+            state = self._worker_state(w)
+            if ans is not None and isinstance(ans[1], dict):
+                backends = backends or ans[1].get("backends", {})
+                if ans[0] != 200:
+                    state["reason"] = ans[1].get("reason") or "backend unreachable"
+            elif w.ready:
+                state["reason"] = "no answer"
+            state["ready"] = ans is not None and ans[0] == 200
+            ok = ok and state["ready"]
+            workers.append(state)
+        return web.json_response(
+            {"ready": ok, "workers": workers, "backends": backends}, status=200 if ok else 503
+        )
+
+    def _worker_state(self, w: WorkerView) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "worker": w.role.index,
+            "pid": w.pid,
+            "up": w.ready,
+            "restarts": w.restarts,
+            "crash_loop": w.crash_looping,
+            "last_exit": w.last_exit,
+        }
+        if w.crash_looping:
+            d["reason"] = f"crash loop: exited {w.crashes_in_a_row} times in a row"
+        elif not w.ready:
+            d["reason"] = "restarting"
+        return d
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        texts: list[tuple[WorkerView, str]] = []
+        for w, ans in await self._ask_all("GET", "/metrics"):
+            if ans is not None and ans[0] == 200 and isinstance(ans[1], str):
+                texts.append((w, ans[1]))
+        merged, per_worker_calls = self.merge(texts)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families([*merged, *self._own(per_worker_calls)]))
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def merge(self, texts: list[tuple[WorkerView, str]]) -> tuple[list[Metric], dict[int, float]]:
+        """Sum the workers' families (see the module docstring); also each worker's calls.
+        A worker that did not answer (restarting) counts with what it last reported, so the
+        sums never go down."""
+        answered = {w.role.index: text for w, text in texts}
+        fams: dict[str, Metric] = {}
+        values: dict[SampleKey, float] = {}
+        calls: dict[int, float] = {}
+        for w in self.sup.workers:
+            carry = self._carry.setdefault(w.role.index, _Carry())
+            text = answered.get(w.role.index)
+            if text is not None and carry.pid != w.pid:
+                # A new process in this slot: keep what the old one counted.
+                for k, v in carry.last.items():
+                    carry.retired[k] = carry.retired.get(k, 0.0) + v
+                carry.last = {}
+                carry.pid = w.pid
+            samples: dict[SampleKey, float] = {}
+            if text is not None:
+                for f in text_string_to_metric_families(text):
+                    if f.name == "nfsgw_start_time_seconds":
+                        continue
+                    if f.name not in fams:
+                        fams[f.name] = Metric(f.name, f.documentation, f.type)
+                    self._types[f.name] = (f.documentation, f.type)
+                    for smp in f.samples:
+                        samples[(f.name, smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+                carry.last = {k: v for k, v in samples.items() if self._monotonic(k[0])}
+            else:
+                samples = dict(carry.last)
+            for k, v in carry.retired.items():
+                samples[k] = samples.get(k, 0.0) + v
+            for key, v in samples.items():
+                fname, sname, _ = key
+                if fname not in fams:
+                    doc, typ = self._types[fname]
+                    fams[fname] = Metric(fname, doc, typ)
+                if fname == "nfsgw_rpc_requests" and sname.endswith("_total"):
+                    calls[w.role.index] = calls.get(w.role.index, 0.0) + v
+                if key not in values:
+                    values[key] = v
+                elif fname in MERGE_MAX or fname + "_total" in MERGE_MAX:
+                    values[key] = max(values[key], v)
+                else:
+                    values[key] += v
+        for (fname, sname, labels), v in values.items():
+            fams[fname].add_sample(sname, dict(labels), v)
+        start = GaugeMetricFamily(
+            "nfsgw_start_time_seconds", "Start time of the process (Unix time)"
+        )
+        start.add_metric([], self.start_time)
+        return [*fams.values(), start], calls
+
+    def _monotonic(self, family: str) -> bool:
+        return self._types[family][1] in ("counter", "histogram")
+
+    def _own(self, calls: dict[int, float]) -> Iterator[Metric]:
+        sup = self.sup
+        for d in SUPERVISOR_METRICS:
+            kind = CounterMetricFamily if d.kind.value == "counter" else GaugeMetricFamily
+            fam = kind(d.name, d.help, labels=d.labels)
+            for w in sup.workers:
+                i = str(w.role.index)
+                if d.name == "nfsgw_workers":
+                    fam.add_metric([], float(sup.count))
+                    break
+                if d.name == "nfsgw_worker_up":
+                    fam.add_metric([i], 1.0 if w.ready else 0.0)
+                elif d.name == "nfsgw_worker_restarts_total":
+                    fam.add_metric([i], float(w.restarts))
+                elif d.name == "nfsgw_worker_crash_loop":
+                    fam.add_metric([i], 1.0 if w.crash_looping else 0.0)
+                elif d.name == "nfsgw_worker_rpc_requests_total" and w.role.index in calls:
+                    fam.add_metric([i], calls[w.role.index])
+            yield fam
+
+    # -- /v1 ------------------------------------------------------------------------------------
+
+    async def stats(self, request: web.Request) -> web.Response:
+        answers = await self._ask_all("GET", "/v1/stats")
+        snaps = [a[1] for _, a in answers if a is not None and a[0] == 200]
+        merged: dict[str, Any] = merge_snapshots(snaps) if snaps else {}
+        merged["uptime_s"] = round(time.time() - self.start_time, 3)
+        merged["port"] = self.sup.port
+        merged["ready"] = self.sup.started and not self.sup.stopping
+        merged["workers"] = []
+        for w, a in answers:
+            state = self._worker_state(w)
+            if a is not None and a[0] == 200:
+                state["calls_total"] = a[1].get("rpc", {}).get("calls_total")
+            merged["workers"].append(state)
+        return web.json_response(merged)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return dict(request.query)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise web.HTTPBadRequest(text='{"error": "body is not JSON"}') from None
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text='{"error": "body must be a JSON object"}')
+        return body
+
+    def _combined(self, answers: list[tuple[WorkerView, tuple[int, Any] | None]]) -> web.Response:
+        """Worker 0's answer for the whole service, 502 if a worker that is up failed."""
+        missing = [w.role.index for w, a in answers if a is None and w.ready]
+        first = next((a for _, a in answers if a is not None), None)
+        if first is None:
+            return web.json_response({"error": "no worker answered"}, status=502)
+        status, body = first
+        if missing and status < 400:
+            return web.json_response(
+                {"error": f"workers {missing} did not answer", "answer": body}, status=502
+            )
+        return web.json_response(body, status=status)
+
+    async def invalidate(self, request: web.Request) -> web.Response:
+        return self._combined(
+            await self._ask_all("POST", "/v1/invalidate", await self._body(request))
+        )
+
+    async def reload(self, request: web.Request) -> web.Response:
+        ok = await self.sup.reload()
+        answers = await self._ask_all("POST", "/v1/reload", {})
+        errors = list(self.sup.last_reload_error)
+        for _, a in answers:
+            if a is not None and a[0] != 200 and isinstance(a[1], dict):
+                errors += [e for e in a[1].get("errors", []) if e not in errors]
+        ok = ok and all(a is not None and a[0] == 200 for _, a in answers)
+        return web.json_response({"ok": ok, "errors": errors}, status=200 if ok else 422)
+
+    async def warmup(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        async with self._warmup_lock:
+            ws = list(self.sup.workers)
+            bodies = [body if w.role.owner else {**body, "data": False} for w in ws]
+            answers = await asyncio.gather(
+                *(self._ask(w, "POST", "/v1/warmup", b) for w, b in zip(ws, bodies, strict=True))
+            )
+            pairs = list(zip(ws, answers, strict=True))
+            ids = {
+                w.role.index: int(a[1]["id"])
+                for w, a in pairs
+                if a is not None and a[0] in (200, 202) and isinstance(a[1], dict)
+            }
+            if 0 not in ids:
+                return self._combined(pairs)
+            self._next_job += 1
+            job = _Job(self._next_job, ids)
+            self._jobs[job.id] = job
+            status, first = next(a for w, a in pairs if w.role.owner and a is not None)
+            return web.json_response(self._job_view(job, first), status=status)
+
+    def _job_view(self, job: _Job, owner_view: dict[str, Any]) -> dict[str, Any]:
+        return {**owner_view, "id": job.id, "workers": len(job.worker_ids)}
+
+    def _find_job(self, request: web.Request) -> _Job:
+        with contextlib.suppress(ValueError):
+            job = self._jobs.get(int(request.match_info["id"]))
+            if job is not None:
+                return job
+        raise web.HTTPNotFound(text='{"error": "no such warm-up"}', content_type="application/json")
+
+    async def warmup_list(self, request: web.Request) -> web.Response:
+        out = []
+        for job in list(self._jobs.values()):
+            a = await self._ask(self.sup.workers[0], "GET", f"/v1/warmup/{job.worker_ids[0]}")
+            if a is not None and a[0] == 200:
+                out.append(self._job_view(job, a[1]))
+        return web.json_response(out)
+
+    async def warmup_get(self, request: web.Request) -> web.Response:
+        job = self._find_job(request)
+        a = await self._ask(self.sup.workers[0], "GET", f"/v1/warmup/{job.worker_ids[0]}")
+        if a is None or a[0] != 200:
+            return web.json_response({"error": "worker 0 lost the job (restarted?)"}, status=410)
+        return web.json_response(self._job_view(job, a[1]))
+
+    async def warmup_cancel(self, request: web.Request) -> web.Response:
+        job = self._find_job(request)
+        answers = await asyncio.gather(
+            *(
+                self._ask(w, "DELETE", f"/v1/warmup/{job.worker_ids[w.role.index]}")
+                for w in self.sup.workers
+                if w.role.index in job.worker_ids
+            )
+        )
+        owner = answers[0] if answers else None
+        if owner is None or owner[0] != 200:
+            return web.json_response({"error": "worker 0 lost the job (restarted?)"}, status=410)
+        return web.json_response(self._job_view(job, owner[1]))
+
+
+class _Families(Collector):
+    def __init__(self, fams: list[Metric]) -> None:
+        self.fams = fams
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.fams)
+
+
+def merge_snapshots(snaps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Workers' ``/v1/stats`` merged: numbers summed, dicts by key, ratios recomputed; each
+    export's configuration from the first worker with its index counters summed; strings,
+    booleans, other lists (warm-ups) and the reload record from the first (worker 0 when it
+    answered: the supervisor asks in worker order)."""
+    merged = _merge(snaps)
+    assert isinstance(merged, dict)
+    merged["reloads"] = snaps[0].get("reloads")
+    by_path: dict[str, list[dict[str, Any]]] = {}
+    for snap in snaps:
+        for e in snap.get("exports") or ():
+            by_path.setdefault(str(e.get("path")), []).append(e)
+    merged["exports"] = [
+        {**es[0], "metadata": _merge([e.get("metadata") or {} for e in es])}
+        for es in by_path.values()
+    ]
+    for key, (num, den) in _RATIOS.items():
+        n, d = _at(merged, num), _at(merged, den)
+        merged[key] = round(n / d, 4) if isinstance(n, int | float) and d else None
+    cache = merged.get("data_cache")
+    if isinstance(cache, dict):
+        looked = cache.get("hits", 0) + cache.get("misses", 0)
+        cache["hit_ratio"] = round(cache.get("hits", 0) / looked, 4) if looked else None
+    return merged
+
+
+def _at(d: dict[str, Any], path: tuple[str, ...]) -> Any:
+    cur: Any = d
+    for p in path:
+        cur = cur.get(p) if isinstance(cur, dict) else None
+    return cur
+
+
+def _merge(values: list[Any]) -> Any:
+    first = values[0]
+    if isinstance(first, bool) or first is None or isinstance(first, str):
+        return first
+    if isinstance(first, int | float):
+        nums = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        return sum(nums)
+    if isinstance(first, dict):
+        keys: dict[str, None] = {}
+        for v in values:
+            if isinstance(v, dict):
+                keys.update(dict.fromkeys(v))
+        return {k: _merge([v[k] for v in values if isinstance(v, dict) and k in v]) for k in keys}
+    return first

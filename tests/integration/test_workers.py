@@ -1,0 +1,248 @@
+"""``nfsgw serve --workers 2``: two gateway processes behind one port, under a supervisor.
+
+Real parts only: the ``nfsgw`` command line (``GatewayProcess``), SeaweedFS, libnfs clients.
+
+- Read-only export: connections spread over both workers (SO_REUSEPORT; counted per worker by
+  the supervisor's ``/metrics``), every byte right, 1 GET per file in a cold pass whichever
+  worker serves it; ``/metrics`` and ``/v1/stats`` add the workers up.
+- A worker killed with -9 is restarted (new pid, ``restarts`` 1, ``/readyz`` 503 then 200);
+  clients' next calls succeed; the service's counters do not go down.
+- Read-write export: one file written over several connections (so, several workers) and
+  committed reads back byte-exact over any connection; kill -9 of either worker after the
+  commit loses nothing.
+- SIGHUP reaches every worker (a new export is served whichever worker answers);
+  ``/v1/invalidate`` acts on all; SIGTERM stops everything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadgen.gwprocess import GatewayProcess
+from loadgen.seaweed import SeaweedServer
+from tests.integration.test_write_path import WNfs
+from tests.libnfs import LibNfs, libnfs_available
+
+pytestmark = [
+    pytest.mark.s3,
+    pytest.mark.skipif(not libnfs_available(), reason="libnfs not installed"),
+]
+
+FILES = 60
+MAX_CONNECTIONS = 64  # until both workers have served one: 2**-63 odds of a false failure
+
+
+def _body(i: int) -> bytes:
+    return hashlib.sha256(str(i).encode()).digest() * (50 + i * 37 % 400)
+
+
+@pytest.fixture
+def bucket(seaweed: SeaweedServer) -> Iterator[str]:
+    name = f"wk-{uuid.uuid4().hex[:12]}"
+    seaweed.create_bucket(name)
+    for i in range(FILES):
+        status, _ = seaweed.request("PUT", f"/{name}/ds/c{i % 3}/f{i:03d}.jpg", _body(i))
+        assert status == 200
+    try:
+        yield name
+    finally:
+        seaweed.delete_bucket(name)
+
+
+def _gateway(
+    tmp_path: Path, seaweed: SeaweedServer, bucket: str, *, read_only: bool
+) -> GatewayProcess:
+    return GatewayProcess(
+        tmp_path,
+        [
+            {
+                "path": "/data",
+                "backend": f"s3://{bucket}/ds/",
+                "read_only": read_only,
+                "squash": "none",
+            }
+        ],
+        s3=seaweed,
+        workers=2,
+    )
+
+
+def _json(gw: GatewayProcess, path: str, body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{gw.admin_port}{path}",
+        data=data,
+        method="POST" if body is not None else "GET",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _per_worker_calls(gw: GatewayProcess) -> dict[str, float]:
+    m = gw.metrics()
+    return {
+        k.split("=")[1].rstrip("}"): v
+        for k, v in m.items()
+        if k.startswith("nfsgw_worker_rpc_requests_total{")
+    }
+
+
+def _metric(gw: GatewayProcess, name: str) -> float:
+    return sum(v for k, v in gw.metrics().items() if k == name or k.startswith(name + "{"))
+
+
+def _spread_connections(gw: GatewayProcess) -> list[LibNfs]:
+    """Open connections until both workers have served calls."""
+    clients: list[LibNfs] = []
+    for _ in range(MAX_CONNECTIONS):
+        c = LibNfs(gw.libnfs_url("/data"))
+        c.stat("/c0")
+        clients.append(c)
+        calls = _per_worker_calls(gw)
+        if len(calls) == 2 and all(v > 0 for v in calls.values()):
+            return clients
+    raise AssertionError(f"{MAX_CONNECTIONS} connections all went to one worker: {calls}")
+
+
+def _wait(cond: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_two_workers_share_the_port_and_the_admin_api(
+    seaweed: SeaweedServer, bucket: str, tmp_path: Path
+) -> None:
+    with _gateway(tmp_path, seaweed, bucket, read_only=True) as gw:
+        status, ready = _json(gw, "/readyz")
+        assert status == 200 and [w["worker"] for w in ready["workers"]] == [0, 1]
+        clients = _spread_connections(gw)
+        try:
+            for i in range(FILES):
+                c = clients[i % len(clients)]
+                assert c.read_file(f"/c{i % 3}/f{i:03d}.jpg") == _body(i)
+            # Every file was read once, by one worker or the other: one GET each.
+            assert _metric(gw, "nfsgw_data_gets_total") == FILES
+            assert _metric(gw, "nfsgw_files_opened_total") == FILES
+            status, stats = _json(gw, "/v1/stats")
+            assert status == 200
+            assert stats["files_opened"] == FILES
+            assert len(stats["workers"]) == 2
+            assert sum(w["calls_total"] for w in stats["workers"]) == stats["rpc"]["calls_total"]
+            assert stats["exports"][0]["path"] == "/data"
+            # Invalidate reaches both workers' indexes.
+            status, inv = _json(gw, "/v1/invalidate", {"path": "/data/c1", "subtree": True})
+            assert status == 200 and inv["path"] == "c1"
+        finally:
+            for c in clients:
+                c.close()
+        sup = gw.proc
+        assert sup is not None
+    assert sup.returncode == 0  # SIGTERM: every worker drained, the supervisor exited 0
+
+
+def test_a_killed_worker_is_replaced_and_counters_keep_counting(
+    seaweed: SeaweedServer, bucket: str, tmp_path: Path
+) -> None:
+    with _gateway(tmp_path, seaweed, bucket, read_only=True) as gw:
+        clients = _spread_connections(gw)
+        try:
+            for i in range(FILES):
+                assert clients[i % len(clients)].read_file(f"/c{i % 3}/f{i:03d}.jpg") == _body(i)
+            before = _metric(gw, "nfsgw_rpc_requests_total")
+            _, stats = _json(gw, "/v1/stats")
+            victim = stats["workers"][1]["pid"]
+            os.kill(victim, signal.SIGKILL)
+            _wait(lambda: _json(gw, "/readyz")[1]["workers"][1]["pid"] != victim)
+            _wait(lambda: _json(gw, "/readyz")[0] == 200)
+            _, stats = _json(gw, "/v1/stats")
+            assert stats["workers"][1]["restarts"] == 1
+            assert stats["workers"][1]["last_exit"] == -signal.SIGKILL
+            assert _metric(gw, "nfsgw_rpc_requests_total") >= before
+            assert _metric(gw, "nfsgw_worker_restarts_total{worker=1}") == 1
+            # Every client's next calls succeed (libnfs reconnects those the kill cut).
+            for n, c in enumerate(clients):
+                i = n % FILES
+                assert c.read_file(f"/c{i % 3}/f{i:03d}.jpg") == _body(i)
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_writes_over_several_connections_go_to_one_owner(
+    seaweed: SeaweedServer, bucket: str, tmp_path: Path
+) -> None:
+    data = os.urandom(3 << 20) + b"tail"
+    gw = _gateway(tmp_path, seaweed, bucket, read_only=False)
+    with gw:
+        writers: list[WNfs] = []
+        try:
+            # Connections until one lands on worker 1 (its NFS calls are then routed).
+            for _ in range(MAX_CONNECTIONS):
+                writers.append(WNfs(gw.libnfs_url("/data")))
+                writers[-1].stat("/c0")
+                if len(writers) >= 4 and _metric(gw, "nfsgw_routed_calls_total") > 0:
+                    break
+            assert _metric(gw, "nfsgw_routed_calls_total") > 0
+            # One file, its ranges written over every connection, then committed over each.
+            fh = writers[0].create("/c0/written.bin")
+            writers[0].close_file(fh)
+            chunk = len(data) // len(writers) + 1
+            handles = []
+            for k, w in enumerate(writers):
+                h = w.open("/c0/written.bin", os.O_WRONLY)
+                w.pwrite(h, k * chunk, data[k * chunk : (k + 1) * chunk])
+                handles.append(h)
+            for w, h in zip(writers, handles, strict=True):
+                w.fsync(h)  # COMMIT
+                w.close_file(h)
+            for w in writers:
+                assert w.read_file("/c0/written.bin") == data
+            assert _metric(gw, "nfsgw_routed_link_down_total") == 0
+            for pid_index in (1, 0):  # kill the router, then the owner: nothing committed lost
+                _, stats = _json(gw, "/v1/stats")
+                victim = stats["workers"][pid_index]["pid"]
+                os.kill(victim, signal.SIGKILL)
+                _wait(
+                    lambda v=victim, i=pid_index: (
+                        _json(gw, "/readyz")[1]["workers"][i]["pid"] not in (v, None)
+                    )
+                )
+                _wait(lambda: _json(gw, "/readyz")[0] == 200)
+                with LibNfs(gw.libnfs_url("/data")) as r:
+                    assert r.read_file("/c0/written.bin") == data
+        finally:
+            for w in writers:
+                w.close()
+    status, body = seaweed.request("GET", f"/{bucket}/ds/c0/written.bin")
+    assert status == 200 and body == data
+
+
+def test_sighup_reaches_every_worker(seaweed: SeaweedServer, bucket: str, tmp_path: Path) -> None:
+    with _gateway(tmp_path, seaweed, bucket, read_only=True) as gw:
+        gw.exports.append({"path": "/more", "backend": f"s3://{bucket}/ds/c2/", "read_only": True})
+        gw.write_config()
+        gw.send_signal(signal.SIGHUP)
+        _wait(lambda: gw.log_path.read_text().count("config_reloaded") >= 2)
+        # Whichever worker a connection lands on serves the new export.
+        for _ in range(8):
+            with LibNfs(gw.libnfs_url("/more")) as c:
+                assert c.read_file("/f002.jpg") == _body(2)
+        assert _metric(gw, "nfsgw_exports") == 2
