@@ -4,13 +4,27 @@ block cache (DESIGN §3 "Read coalescing", "Data cache").
 Owns: object bytes between the backend and the READ handler. Must not: know about NFS, file
 handles or attributes (callers pass ``(store, key, etag, size)``), or block the event loop.
 
-``cache.py`` stores and evicts, ``reader.py`` fetches, ``sketch.py`` counts, ``stats.py``
-exposes counters for ``gateway.ops.metrics``.
+``cache.py`` stores and evicts (memory tier), ``disk.py`` and ``diskfile.py`` the disk tier
+shared by the worker processes, ``reader.py`` fetches (``slots.py`` bounds its GETs,
+``warm.py`` fills the disk tier for warm-ups), ``sketch.py`` counts, ``stats.py`` exposes
+counters for ``gateway.ops.metrics``.
 """
 
 from gateway.data.cache import ENTRY_OVERHEAD, BlockKey, DataCache
-from gateway.data.config import DataConfig
+from gateway.data.config import DataConfig, DiskConfig
+from gateway.data.disk import DiskStore, open_disk_tier
 from gateway.data.reader import ObjectReader
-from gateway.data.stats import DataStats
+from gateway.data.stats import DataStats, DiskStats
 
-__all__ = ["ENTRY_OVERHEAD", "BlockKey", "DataCache", "DataConfig", "DataStats", "ObjectReader"]
+__all__ = [
+    "ENTRY_OVERHEAD",
+    "BlockKey",
+    "DataCache",
+    "DataConfig",
+    "DataStats",
+    "DiskConfig",
+    "DiskStats",
+    "DiskStore",
+    "ObjectReader",
+    "open_disk_tier",
+]

@@ -1,15 +1,60 @@
-"""The data layer's settings: read coalescing, read-ahead and fetch bounds. The first three
-are keys of the ``[cache]`` table of ``nfsgw.toml`` (declared here, ``gateway.settings``);
-the rest are tunables no file sets.
+"""The data layer's settings: read coalescing, read-ahead and fetch bounds (``DataConfig``)
+and the local-disk tier (``DiskConfig``, inlined). The keys with ``setting(...)`` metadata are
+keys of the ``[cache]`` table of ``nfsgw.toml`` (declared here, ``gateway.settings``); the rest
+are tunables no file sets.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.settings import setting, size
+from gateway.settings import INLINE, setting, size
 
 MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class DiskConfig:
+    """The disk tier under ``server.cache_dir`` (``gateway.data.disk``)."""
+
+    budget: int | None = field(
+        default=None,
+        metadata=setting(
+            size(0),
+            "disk cache budget; 0 turns the disk tier off",
+            key="disk",
+            flag="--cache-disk",
+            default_text="half of what the cache filesystem has free at start (plus what the "
+            "cache already holds), minus disk_min_free",
+        ),
+    )
+    """Bytes of cache files (rounded up to 4 KiB each) the disk tier may hold; None: auto."""
+    min_free: int | None = field(
+        default=None,
+        metadata=setting(
+            size(0),
+            "free space the disk tier always leaves on its filesystem (new entries are "
+            "refused below it)",
+            key="disk_min_free",
+            flag="--cache-disk-min-free",
+            default_text="5 percent of the filesystem",
+        ),
+    )
+    threads: int = 4
+    """Threads doing the tier's file I/O (reads, writes, scans) off the event loop."""
+    max_pending_write_bytes: int = 64 * MiB
+    """Bytes waiting to be written to the tier; a publish past it is skipped (still served)."""
+    rescan_interval_s: float = 30.0
+    """Least time between directory scans (accounting of other workers' entries, eviction
+    candidates); a scan that took ``t`` seconds waits at least ``20 t`` for the next one."""
+    touch_interval_s: float = 10.0
+    """Hits are written to the entries' mtimes (the shared access clock) in batches."""
+
+    def __post_init__(self) -> None:
+        if self.threads < 1 or self.max_pending_write_bytes < 0:
+            raise ValueError("threads must be >= 1 and max_pending_write_bytes >= 0")
+        if self.rescan_interval_s <= 0 or self.touch_interval_s <= 0:
+            raise ValueError("rescan_interval_s and touch_interval_s must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +89,7 @@ class DataConfig:
     max_streams: int = 4096
     """Objects with read-ahead state (LRU)."""
     max_streams_per_object: int = 8
+    disk: DiskConfig = field(default_factory=DiskConfig, metadata=INLINE)
     fetch_timeout_s: float | None = 300.0
     """Safety net around one GET (slot wait excluded); the backend's own timeouts and retries
     should fire first. Expiry fails the waiters with ``BackendUnavailable``."""

@@ -2,8 +2,14 @@
 
 Owns: turning ``(object version, offset, count)`` into bytes with as few backend GETs as
 possible, the per-object stream state that drives read-ahead, and the bound on concurrent
-GETs. Must not: store bytes itself (``DataCache`` does), know about NFS or file handles, or
-catch ``CancelledError`` without re-raising it.
+GETs. Must not: store bytes itself (``DataCache`` and ``DiskStore`` do), know about NFS or
+file handles, or catch ``CancelledError`` without re-raising it.
+
+Two tiers: a fetch (single-flight, below) first asks the disk tier (``gateway.data.disk``) for
+its blocks, before it takes a GET slot; the blocks found are served and cached in memory as
+``on_disk``; a ranged fetch is narrowed to the span of the missing ones. Blocks the backend
+returns are published to the disk tier when it admits them (in the background: a READ never
+waits for a disk write).
 
 Geometry
 --------
@@ -55,7 +61,7 @@ to the cache (its prefetch share). Demand fetches are not capped here: each READ
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
@@ -67,10 +73,12 @@ from gateway.backend.base import (
 )
 from gateway.data.cache import ENTRY_OVERHEAD, BlockKey, DataCache
 from gateway.data.config import DataConfig
+from gateway.data.disk import DiskKey, DiskStore, disk_key
+from gateway.data.slots import FetchSlots
 from gateway.data.stats import DataStats
 from gateway.errors import IoError, VersionChanged
 
-__all__ = ["DataConfig", "ObjectReader", "Version"]
+__all__ = ["DataConfig", "ObjectReader", "Version", "block_runs", "same_etag"]
 
 MiB = 1024 * 1024
 
@@ -106,6 +114,8 @@ class _Fetch:
         "nbytes",
         "ra_bytes",
         "task",
+        "skip",
+        "dkeys",
     )
 
     def __init__(
@@ -125,6 +135,8 @@ class _Fetch:
         self.nbytes = (size if end is None else end) - start
         self.ra_bytes = 0  # counted in ObjectReader._ra_inflight_bytes until it finishes
         self.task: asyncio.Task[None] | None = None
+        self.skip = 0  # the GET starts this far into the span (blocks found on disk)
+        self.dkeys: list[DiskKey] = []  # the disk tier's key of each block
 
 
 class _Pending:
@@ -160,77 +172,18 @@ def _retrieve(fut: asyncio.Future[bytes]) -> None:
         fut.exception()
 
 
-class _FetchSlots:
-    """``total`` GET slots; demand first, read-ahead limited to ``ra_limit`` of them."""
-
-    def __init__(self, total: int, ra_limit: int, stats: DataStats) -> None:
-        self._free = total
-        self._ra_running = 0
-        self._ra_limit = ra_limit
-        self._demand: deque[_Fetch] = deque()
-        self._ahead: deque[_Fetch] = deque()
-        self._stats = stats
-
-    def _take(self, f: _Fetch) -> None:
-        self._free -= 1
-        f.slot_ra = not f.demand
-        if f.slot_ra:
-            self._ra_running += 1
-
-    async def acquire(self, f: _Fetch) -> None:
-        if self._free > 0 and (
-            f.demand or (not self._demand and self._ra_running < self._ra_limit)
-        ):
-            self._take(f)
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        f.waiter = waiter
-        (self._demand if f.demand else self._ahead).append(f)
-        self._stats.queued_inflight += 1
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release(f)  # granted, then cancelled before it could run
-            elif f in self._demand:
-                self._demand.remove(f)
-            elif f in self._ahead:
-                self._ahead.remove(f)
-            raise
-        finally:
-            f.waiter = None
-            self._stats.queued_inflight -= 1
-
-    def release(self, f: _Fetch) -> None:
-        if f.slot_ra:
-            self._ra_running -= 1
-        self._free += 1
-        self._dispatch()
-
-    def promote(self, f: _Fetch) -> None:
-        """A READ now waits on this read-ahead fetch: it queues (or runs) as demand."""
-        if f.demand:
-            return
-        f.demand = True
-        if f.waiter is not None and f in self._ahead:
-            self._ahead.remove(f)
-            self._demand.append(f)
-            self._dispatch()
-
-    def _dispatch(self) -> None:
-        while self._free > 0:
-            if self._demand:
-                f = self._demand.popleft()
-            elif self._ahead and self._ra_running < self._ra_limit:
-                f = self._ahead.popleft()
-            else:
-                return
-            self._take(f)
-            assert f.waiter is not None
-            f.waiter.set_result(None)
+def block_runs(blocks: list[int], max_n: int) -> list[tuple[int, int]]:
+    """Sorted block indexes -> (first, count) runs of consecutive blocks, <= max_n long."""
+    runs: list[tuple[int, int]] = []
+    for b in blocks:
+        if runs and runs[-1][0] + runs[-1][1] == b and runs[-1][1] < max_n:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((b, 1))
+    return runs
 
 
-def _same_etag(a: str, b: str) -> bool:
+def same_etag(a: str, b: str) -> bool:
     return a == b or a.strip('"') == b.strip('"')
 
 
@@ -242,13 +195,15 @@ class ObjectReader:
         cache: DataCache,
         config: DataConfig | None = None,
         stats: DataStats | None = None,
+        disk: DiskStore | None = None,
     ) -> None:
         self._cache = cache
+        self._disk = disk
         self._cfg = cfg = config if config is not None else DataConfig()
         self.stats = stats if stats is not None else cache.stats
         self._inflight: dict[BlockKey, _Pending] = {}
         self._fetches: set[_Fetch] = set()
-        self._slots = _FetchSlots(cfg.max_inflight_fetches, cfg.max_readahead_fetches, self.stats)
+        self._slots = FetchSlots(cfg.max_inflight_fetches, cfg.max_readahead_fetches, self.stats)
         self._streams: OrderedDict[tuple[str, str], _ObjectStreams] = OrderedDict()
         self._ra_inflight_bytes = 0
         self._max_run = max(1, cfg.max_request_bytes // cfg.block_size)  # blocks per GET
@@ -265,6 +220,20 @@ class ObjectReader:
     @property
     def config(self) -> DataConfig:
         return self._cfg
+
+    @property
+    def disk(self) -> DiskStore | None:
+        return self._disk
+
+    @property
+    def slots(self) -> FetchSlots:
+        """The GET slots (``gateway.data.warm`` takes read-ahead's share of them)."""
+        return self._slots
+
+    @property
+    def max_run(self) -> int:
+        """Blocks one ranged GET may cover."""
+        return self._max_run
 
     # -- READ ----------------------------------------------------------------------------
 
@@ -355,7 +324,7 @@ class ObjectReader:
             if fut is None:
                 missing.append(b)
             got.append(fut)
-        for run_first, n in self._runs(missing, self._max_run):
+        for run_first, n in block_runs(missing, self._max_run):
             futs = self._start_fetch(store, key, etag, size, run_first, n, demand=True)
             got[run_first - first : run_first - first + n] = futs
         self._readahead(store, key, etag, size, offset, end)
@@ -369,17 +338,6 @@ class ObjectReader:
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)
-
-    @staticmethod
-    def _runs(blocks: list[int], max_n: int) -> list[tuple[int, int]]:
-        """Sorted block indexes -> (first, count) runs of consecutive blocks, <= max_n long."""
-        runs: list[tuple[int, int]] = []
-        for b in blocks:
-            if runs and runs[-1][0] + runs[-1][1] == b and runs[-1][1] < max_n:
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-            else:
-                runs.append((b, 1))
-        return runs
 
     # -- single-flight fetches -----------------------------------------------------------
 
@@ -442,6 +400,8 @@ class ObjectReader:
     async def _run_fetch(self, f: _Fetch) -> None:
         stats = self.stats
         try:
+            if self._disk is not None and await self._from_disk(self._disk, f):
+                return
             await self._slots.acquire(f)
             stats.inflight_fetches += 1
             stats.gets += 1
@@ -453,11 +413,12 @@ class ObjectReader:
             finally:
                 stats.inflight_fetches -= 1
                 self._slots.release(f)
-            if (res.etag and not _same_etag(res.etag, f.etag)) or res.size != f.size:
+            if (res.etag and not same_etag(res.etag, f.etag)) or res.size != f.size:
                 raise PreconditionFailed(f"{f.key}: now {res.etag!r} ({res.size} B)")
-            if len(res.data) != f.nbytes:
-                raise BackendError(f"{f.key}: got {len(res.data)} B for a {f.nbytes} B range")
-            stats.bytes_fetched += f.nbytes
+            want = (f.size if f.end is None else f.end) - f.start
+            if len(res.data) != want:
+                raise BackendError(f"{f.key}: got {len(res.data)} B for a {want} B range")
+            stats.bytes_fetched += want
             body = res.data
             self._deliver(f, body if type(body) is bytes else bytes(body))
         except PreconditionFailed as exc:
@@ -473,18 +434,48 @@ class ObjectReader:
         finally:
             self._finish(f)
 
+    async def _from_disk(self, disk: DiskStore, f: _Fetch) -> bool:
+        """Serve the blocks of ``f`` the disk tier holds; True when that was all of them,
+        else ``f`` is narrowed to the span from the first to the last missing block."""
+        base = f.start
+        f.dkeys = [
+            disk_key(f.store.name, f.key, f.etag, base + lo, hi - lo) for *_, lo, hi in f.blocks
+        ]
+        found = await asyncio.gather(*(disk.read(k) for k in f.dkeys))
+        missing: list[tuple[int, int]] = []
+        for (bkey, p, lo, hi), data in zip(f.blocks, found, strict=True):
+            if data is None:
+                missing.append((lo, hi))
+                continue
+            if f.cacheable and self._inflight.get(bkey) is p:
+                self._cache.insert(bkey, data, prefetched=not p.demanded, on_disk=True)
+            if not p.future.done():
+                p.future.set_result(data)
+        if not missing:
+            return True
+        if f.end is not None:
+            f.skip = missing[0][0]
+            f.start, f.end = base + missing[0][0], base + missing[-1][1]
+        return False
+
     def _deliver(self, f: _Fetch, data: bytes) -> None:
         cache = self._cache
+        disk = self._disk if f.cacheable and f.dkeys else None
         whole = len(f.blocks) == 1
         mv = memoryview(data)
-        for bkey, p, lo, hi in f.blocks:
+        for i, (bkey, p, lo, hi) in enumerate(f.blocks):
+            if p.future.done():
+                continue  # served from the disk tier
             # A multi-block GET is split by copying (~0.1 ms/MiB): a cached block must not pin
             # the whole GET buffer, or evicting it would free nothing.
-            chunk = data if whole else bytes(mv[lo:hi])
+            chunk = data if whole else bytes(mv[lo - f.skip : hi - f.skip])
+            on_disk = False
+            if disk is not None and disk.admit(f.dkeys[i]):
+                disk.publish(f.dkeys[i], chunk)
+                on_disk = True
             if f.cacheable and self._inflight.get(bkey) is p:
-                cache.insert(bkey, chunk, prefetched=not p.demanded)
-            if not p.future.done():
-                p.future.set_result(chunk)
+                cache.insert(bkey, chunk, prefetched=not p.demanded, on_disk=on_disk)
+            p.future.set_result(chunk)
 
     def _fail(self, f: _Fetch, exc: BaseException | None) -> None:
         for _, p, _, _ in f.blocks:
@@ -562,7 +553,7 @@ class ObjectReader:
             b += 1
         s.ra_end = min(b * bs, size)
         s.window = min(2 * s.window, self._ra_max)
-        for run_first, n in self._runs(want, self._max_run):
+        for run_first, n in block_runs(want, self._max_run):
             self._start_fetch(store, key, etag, size, run_first, n, demand=False)
 
     # -- invalidation and shutdown -------------------------------------------------------

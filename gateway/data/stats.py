@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DataStats"]
+__all__ = ["DataStats", "DiskStats"]
 
 
 @dataclass(slots=True)
@@ -19,7 +19,8 @@ class DataStats:
     hits: int = 0
     """Block lookups of READs served from memory (a small object is one block)."""
     misses: int = 0
-    """Block lookups of READs that had to wait for a backend fetch (started or joined)."""
+    """Block lookups of READs that missed memory and waited for a fetch (started or joined),
+    which the disk tier or the backend answered."""
     joined: int = 0
     """Misses that joined a fetch already in flight instead of starting one (single-flight)."""
     bytes_hit: int = 0
@@ -52,3 +53,52 @@ class DataStats:
     """Fetches waiting for a fetch slot (demand and read-ahead)."""
     pending_fetch_bytes: int = 0
     """Bytes requested by fetches running or queued (not charged to ``cache_bytes``)."""
+
+
+@dataclass(slots=True)
+class DiskStats:
+    """The disk tier of one process (``gateway.data.disk``); with several worker processes on
+    one cache directory the counters are per process, the gauges each process's view of the
+    shared directory (aggregate them with max, not sum)."""
+
+    # Counters (monotonic).
+    hits: int = 0
+    """Block lookups that missed memory and were served from a verified disk entry."""
+    misses: int = 0
+    """Block lookups that missed memory and disk (a backend GET follows)."""
+    bytes_hit: int = 0
+    """Bytes read from disk entries."""
+    writes: int = 0
+    """Entries published (written to a temporary file, then renamed into place)."""
+    bytes_written: int = 0
+    corrupt: int = 0
+    """Entries that failed verification (truncated, wrong size, checksum or identity): dropped
+    and fetched again."""
+    read_errors: int = 0
+    """Disk reads that failed with an I/O error (the READ went to the backend)."""
+    write_errors: int = 0
+    """Publishes that failed (ENOSPC, EIO...): nothing was published, the READ was served."""
+    evictions: int = 0
+    """Entries this process deleted to stay within the budget."""
+    evicted_bytes: int = 0
+    rejected: int = 0
+    """Publishes refused by the admission filter (the tier was full of more frequent ones)."""
+    refused_full: int = 0
+    """Publishes refused because the filesystem was below ``disk_min_free`` (another tenant
+    filled it) or a write had just failed."""
+    refused_backlog: int = 0
+    """Publishes skipped because ``max_pending_write_bytes`` were already waiting."""
+    refused_budget: int = 0
+    """Warm-up writes refused because the tier was full (warm-ups never evict)."""
+    scans: int = 0
+    """Directory scans (accounting and eviction candidates)."""
+    # Gauges.
+    enabled: int = 0
+    """1 when the disk tier is on."""
+    used_bytes: int = 0
+    """Bytes of cache files (each rounded up to 4 KiB), as this process last saw them."""
+    budget_bytes: int = 0
+    entries: int = 0
+    fs_free_bytes: int = 0
+    """Free bytes of the cache filesystem (for unprivileged users) at the last check."""
+    pending_write_bytes: int = 0

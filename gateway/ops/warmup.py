@@ -2,9 +2,15 @@
 
 Owns: the jobs of one process (at most ``MAX_WARMUP_RUNNING`` at once, the last
 ``MAX_WARMUP_KEPT`` kept for ``GET /v1/warmup``), their walk (breadth-first listing with at most
-``concurrency`` backend requests at once, data reads up to ``WARMUP_DATA_SHARE`` of the data
-cache budget), their progress and the counters behind ``nfsgw_warmup_*`` (``WarmupStats``,
-read by ``gateway.ops.metrics``). Depends on the export registry (``gateway.registry``) and a
+``concurrency`` backend requests at once), their progress (with an ETA) and the counters behind
+``nfsgw_warmup_*`` (``WarmupStats``, read by ``gateway.ops.metrics``).
+
+Data (``data=True``): with a disk tier, every file goes into the disk tier, not into memory
+(``gateway.data.warm``); a file whose version is already there is skipped (``files_cached``),
+so a warm-up interrupted or cancelled resumes where it stopped when started again; the job
+stops (``done``, ``stopped`` says why) when the tier's budget is reached (warm-ups never evict)
+or the tier refuses new entries. Without a disk tier files are read into memory, up to
+``WARMUP_DATA_SHARE`` of its budget. Depends on the export registry (``gateway.registry``) and a
 clock only; the admin API (``gateway.ops.admin``) starts, lists and cancels jobs.
 
 Must not: know the server, HTTP or metric names; block the loop.
@@ -23,6 +29,7 @@ import structlog
 
 from gateway.backend.base import BackendError
 from gateway.clock import Clock
+from gateway.data.warm import warm_object
 from gateway.errors import GatewayError, NotFound
 from gateway.exports import Export
 from gateway.namespace import Entry, EntryKind
@@ -62,6 +69,13 @@ class WarmupJob:
     files_read: int = 0
     bytes_read: int = 0
     files_skipped: int = 0  # data not read: the cache share was full
+    files_cached: int = 0  # already in the disk tier (a resumed warm-up)
+    bytes_cached: int = 0
+    tier: str = "memory"  # where data goes: "disk" or "memory"
+    target_bytes: int = 0  # data bytes the job can place (what the tier had room for at start)
+    listing: bool = True  # directories still to list (bytes_seen still grows)
+    stopped: str | None = None  # why a data job stopped before reading everything
+    eta_s: float | None = None
     errors: int = 0
     error: str | None = None
     started_at: float = field(default_factory=time.time)
@@ -84,6 +98,13 @@ class WarmupJob:
             "files_read": self.files_read,
             "bytes_read": self.bytes_read,
             "files_skipped": self.files_skipped,
+            "files_cached": self.files_cached,
+            "bytes_cached": self.bytes_cached,
+            "tier": self.tier,
+            "target_bytes": self.target_bytes,
+            "listing": self.listing,
+            "stopped": self.stopped,
+            "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
             "errors": self.errors,
             "error": self.error,
             "started_at": self.started_at,
@@ -106,6 +127,10 @@ class WarmupStats:
 
 class WarmupRefused(Exception):
     """Too many jobs are running: the caller should wait or cancel one."""
+
+
+class _Stop(Exception):
+    """A data warm-up reached the disk tier's budget or was refused by it."""
 
 
 class Warmups:
@@ -138,6 +163,12 @@ class Warmups:
         export, rel = found
         self._ids += 1
         job = WarmupJob(self._ids, path, export.cfg.path, rel, data, concurrency)
+        disk = self.gateway.reader.disk
+        if data and disk is not None:
+            job.tier = "disk"
+            job.target_bytes = max(0, disk.budget_bytes - disk.used_bytes)
+        elif data:
+            job.target_bytes = int(self.gateway.reader.cache.budget_bytes * WARMUP_DATA_SHARE)
         job.t0 = self.clock.monotonic()
         job.task = asyncio.get_running_loop().create_task(self._run(job, export))
         self.jobs[job.id] = job
@@ -149,9 +180,19 @@ class Warmups:
         return job
 
     def progress(self, job: WarmupJob) -> WarmupJob:
-        """``job`` with ``elapsed_s`` brought up to date while it runs."""
-        if job.state == "running":
-            job.elapsed_s = self.clock.monotonic() - job.t0
+        """``job`` with ``elapsed_s`` and ``eta_s`` brought up to date while it runs. The ETA
+        is the data left (what was listed so far, within what the tier had room for) at the
+        rate so far; while ``listing`` it is a lower bound."""
+        if job.state != "running":
+            job.eta_s = None if job.state != "done" else 0.0
+            return job
+        job.elapsed_s = elapsed = self.clock.monotonic() - job.t0
+        if not job.data:
+            return job
+        done = job.bytes_read + job.bytes_cached
+        target = min(job.bytes_seen, job.target_bytes) if job.target_bytes else job.bytes_seen
+        rate = done / elapsed if elapsed > 0 else 0.0
+        job.eta_s = max(0.0, target - done) / rate if rate > 0 else None
         return job
 
     def cancel(self, job_id: int) -> WarmupJob | None:
@@ -169,7 +210,10 @@ class Warmups:
 
     async def _run(self, job: WarmupJob, export: Export) -> None:
         try:
-            await self._walk(job, export)
+            try:
+                await self._walk(job, export)
+            except _Stop as e:
+                job.stopped = str(e)
             job.state = "done"
         except asyncio.CancelledError:
             job.state = "cancelled"
@@ -180,6 +224,8 @@ class Warmups:
             job.state, job.error = "failed", f"{type(e).__name__}: {e}"
         finally:
             job.elapsed_s = self.clock.monotonic() - job.t0
+            job.listing = False
+            self.progress(job)
             job.done.set()
             log.info("warmup_finished", **{k: v for k, v in job.as_dict().items() if v is not None})
 
@@ -205,7 +251,29 @@ class Warmups:
             totals.dirs += 1
             return out
 
+        async def warm_file(e: Entry) -> None:
+            async with sem:
+                if job.stopped:
+                    return
+                outcome, fetched = await warm_object(
+                    reader, export.store, export.prefix + e.path, e.etag, e.size
+                )
+            if outcome == "cached":
+                job.files_cached += 1
+                job.bytes_cached += e.size
+                return
+            job.bytes_read += fetched
+            totals.bytes_read += fetched
+            if outcome == "written":
+                job.files_read += 1
+            elif outcome == "budget":
+                job.stopped = "the disk tier's budget is reached"
+            else:
+                job.stopped = "the disk tier refused new entries (free-space floor or errors)"
+
         async def read_file(e: Entry) -> None:
+            if reader.disk is not None:
+                return await warm_file(e)
             async with sem:
                 off = 0
                 while off < e.size:
@@ -230,7 +298,9 @@ class Warmups:
             batch: list[Entry] = []
             planned = 0
             for e in files:
-                if job.bytes_read + planned + e.size > data_cap:
+                if job.stopped:
+                    raise _Stop(job.stopped)
+                if reader.disk is None and job.bytes_read + planned + e.size > data_cap:
                     job.files_skipped += 1
                     continue
                 batch.append(e)
@@ -240,6 +310,8 @@ class Warmups:
                     batch, planned = [], 0
             if batch:
                 await self._gather(job, (read_file(b) for b in batch))
+            if job.stopped:
+                raise _Stop(job.stopped)
 
         def seen(e: Entry, files: list[Entry]) -> None:
             job.files_seen += 1
@@ -255,6 +327,7 @@ class Warmups:
             files: list[Entry] = []
             seen(root, files)
             await read_files(files)
+        job.listing = bool(frontier)
         while frontier:
             n = min(len(frontier), job.concurrency * 2)
             batch = [frontier.popleft() for _ in range(n)]
@@ -268,6 +341,7 @@ class Warmups:
                         seen(e, files)
             if len(frontier) > MAX_WARMUP_FRONTIER:
                 raise OverflowError(f"more than {MAX_WARMUP_FRONTIER} directories pending")
+            job.listing = bool(frontier)
             if files:
                 await read_files(files)
 

@@ -1,0 +1,495 @@
+"""The local-disk tier of the data cache: verified entry files under ``server.cache_dir``,
+shared by every worker process of the host, surviving restarts (DESIGN §3 "Data cache: two
+levels").
+
+Owns: the files under ``<cache_dir>/v1/``, their format and verification, this process's view
+of their total size, admission to and eviction from the tier, the free-space floor, and the
+threads that do the file I/O. Must not: touch the event loop's thread with file I/O (every
+``open``/``pread``/``write``/``rename``/``stat`` runs on the tier's own bounded executor), fail
+a READ (every error is counted and turns into a miss or a skipped publish), know about NFS, or
+talk to the backend (``ObjectReader`` fetches; this module stores).
+
+Sharing without a coordinator
+-----------------------------
+* **Names are identities.** An entry holds bytes ``[start, start + length)`` of one object
+  version; its file is ``v1/<2 hex>/<32 hex>``, the BLAKE2b-128 of (store name, key, ETag,
+  start, length). Any worker computes the same name, so what one wrote every other finds with
+  one ``open``; a replaced object has a new ETag, hence a new name: an old version is never
+  served (it ages out). A change of ``block_size`` changes the ranges, hence the names.
+* **Atomic publish.** A writer writes ``.tmp.<pid>.<n>`` in the entry's own directory and
+  ``rename``\\s it over the name. A reader sees the whole old file, the whole new one, or none;
+  never a half-written one. No ``fsync``: after a power loss a renamed file may hold zeros or
+  garbage, which the checksum catches (below), so durability is not paid for on every write.
+  Temporary files a crashed process left behind are removed by the next scan after an hour.
+* **Verified on every read.** A file is a 36-byte header (magic ``NFGC``, format version,
+  identity length, start, length, CRC-32 of the body, CRC-32 of the header and identity),
+  the identity bytes, then the body. A read checks the file size, the header, the identity
+  (a hash collision cannot serve another object), and the body's CRC-32 (``zlib.crc32``,
+  4 GB/s here: 27 us for a 110 kB image, on the executor's thread, which releases the GIL for
+  it). A whole disk hit of a 110 kB entry in the page cache costs ~85 us of CPU (thread hop,
+  open, fstat, two preads, CRC, close). A bad entry is unlinked (if it is still the same
+  inode), counted (``nfsgw_disk_cache_corrupt_total``) and the READ fetches it again.
+* **Budget without a shared counter.** Each process scans the directory (``os.scandir`` +
+  ``stat`` per file, on the executor) at start and then at most every ``rescan_interval_s``
+  (30 s; and never more often than 20x the last scan took, so scans cost <= 5 % of a thread),
+  or sooner once it has itself written 2 % of the budget. A scan costs ~5 us of CPU per file
+  (0.26 s for 50,000 files here), partly under the GIL: ~6.5 s at 1.28 M files. Between
+  scans it adds its own writes. A process therefore does not see the other workers' writes
+  since its last scan: the directory can overshoot the budget by what the others wrote in
+  that time; the next scan sees it and evicts back to 95 % of the budget. Files are charged
+  their size rounded up to 4 KiB. The free-space floor (``disk_min_free``) is checked with
+  ``statvfs`` before each write, so the filesystem is never filled, whoever else writes to it.
+* **Shared access clock.** A hit sets the file's mtime (``os.utime``), in batches every
+  ``touch_interval_s``; a scan keeps the oldest files (by mtime) as eviction candidates, and
+  a candidate touched since the scan is skipped when its turn comes.
+
+Admission and eviction (scan- and shuffle-resistant, like the memory tier)
+---------------------------------------------------------------------------
+While the tier has room, every fetched block is published. When it is full, a new entry must
+win the same duel as the memory tier's (``gateway.data.cache``): its visit count *before* this
+visit must exceed the least recently used candidates' (``est(new) - 1 > est(victim)``, ties to
+the incumbent). Visits are counted per process in a ``FrequencySketch`` keyed by the entry's
+name (every lookup that reaches the tier). In shuffled epochs over a dataset larger than the
+tier, every entry is visited once per epoch, the duel is a tie, and the tier freezes on one
+subset: hit ratio ~ tier / dataset, where LRU would evict exactly what the epoch has not read
+yet. A working set read repeatedly gains counts and takes over. With several workers each
+sees a share of the visits; the comparison stays fair on average (more noise, a little churn).
+
+The memory tier in front of it is per process and stays small and hot; the OS page cache,
+shared by all workers, is the host-wide memory tier for these files. To make the two tiers add
+up instead of holding the same subset, the memory tier's admission prefers entries that are
+*not* on disk: a block missing from disk beats main-memory victims that are on disk
+(``DataCache.insert(..., on_disk=...)``).
+
+Bad conditions (decided per case; tests/unit/gateway/test_disk_cache.py)
+------------------------------------------------------------------------
+* ``cache_dir`` missing: created (0700), with its parents.
+* not creatable, not a directory, not writable (EACCES, EROFS, ENOTDIR...): the gateway starts
+  with the memory tier only and logs ``disk_cache_disabled`` at error level with the reason;
+  ``nfsgw_disk_cache_enabled`` is 0. A cache is an optimisation: the service stays up.
+* the filesystem below ``disk_min_free`` (at start or later, e.g. another tenant filled it):
+  the tier keeps serving what it holds and refuses new entries
+  (``nfsgw_disk_cache_refused_total{reason="full"}``) until space returns; a write failing
+  with ENOSPC/EIO refuses new entries for 10 s. A client READ never fails because of the tier.
+* ``cache.disk = 0``: no disk tier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from gateway.data import diskfile as files
+from gateway.data.config import DiskConfig
+from gateway.data.diskfile import DiskKey, disk_key
+from gateway.data.sketch import FrequencySketch
+from gateway.data.stats import DiskStats
+
+__all__ = ["DiskKey", "DiskStore", "disk_key", "open_disk_tier", "resolve_cache_dir"]
+
+log = structlog.get_logger(__name__)
+
+AUTO_SHARE: Final = 0.5  # of (free space + what the cache holds - floor) at start
+DEFAULT_FLOOR_SHARE: Final = 0.05  # of the filesystem's size
+LOW_WATER: Final = 0.95  # an over-budget tier is shrunk to this share of the budget
+RESCAN_WRITTEN_SHARE: Final = 0.02  # of the budget written by this process since the last scan
+MAX_CANDIDATES: Final = 65_536  # oldest entries a scan keeps as eviction candidates
+MAX_TOUCHED: Final = 65_536  # hits waiting for their mtime update
+ERROR_BACKOFF_S: Final = 10.0
+
+
+def resolve_cache_dir(configured: Path | None) -> Path | None:
+    """The disk tier's directory: ``server.cache_dir`` when set; else the directory systemd
+    made for the unit (``CacheDirectory=nfsgw`` sets ``$CACHE_DIRECTORY``, /var/cache/nfsgw);
+    else None: memory only. Nothing else is assumed, so test runs and ad-hoc gateways never
+    share (and never fill) a system-wide cache behind the operator's back."""
+    if configured is not None:
+        return configured
+    env = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
+    return Path(env) if env.startswith("/") else None
+
+
+async def open_disk_tier(
+    configured: Path | None, config: DiskConfig, stats: DiskStats
+) -> DiskStore | None:
+    """The composition root's call: the tier under ``resolve_cache_dir(configured)``, or None
+    (memory only, logged once with the reason)."""
+    cache_dir = resolve_cache_dir(configured)
+    if cache_dir is None:
+        log.info("disk_cache_off", reason="no cache directory (server.cache_dir, --cache-dir)")
+        return None
+    return await DiskStore.open(cache_dir, config, stats)
+
+
+class DiskStore:
+    """The disk tier of one process. Built with ``await DiskStore.open(...)``; its methods
+    are called on the event loop only; file I/O runs on its executor."""
+
+    def __init__(
+        self,
+        root: str,
+        budget: int,
+        min_free: int,
+        config: DiskConfig,
+        stats: DiskStats,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        self.root = root
+        self.config = config
+        self.stats = stats
+        self._budget = budget
+        self._min_free = min_free
+        self._ex = executor
+        self._used = 0
+        self._reserved = 0  # charges of writes admitted and not finished
+        self._pending = 0  # body bytes of those writes
+        self._written_since_scan = 0
+        self._oldest: deque[tuple[int, str, int]] = deque()
+        self._touched: set[str] = set()
+        self._writing: set[str] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._sketch = FrequencySketch(max(1024, budget // (128 * 1024)))
+        self._refuse_until = 0.0
+        self._fs_free = 0
+        self._seq = itertools.count()
+        self._maint: asyncio.Task[None] | None = None
+        self._closed = False
+        self._errors_logged = 0
+        stats.enabled = 1
+        stats.budget_bytes = budget
+
+    @classmethod
+    async def open(
+        cls, cache_dir: Path, config: DiskConfig, stats: DiskStats | None = None
+    ) -> DiskStore | None:
+        """The tier under ``cache_dir``, scanned and maintained; None (logged) when it is off
+        or the directory cannot be used (see the module docstring for each case)."""
+        stats = stats if stats is not None else DiskStats()
+        if config.budget == 0:
+            log.info("disk_cache_off", reason="cache.disk is 0")
+            return None
+        ex = ThreadPoolExecutor(config.threads, thread_name_prefix="nfsgw-disk")
+        loop = asyncio.get_running_loop()
+        try:
+            root, fs_size, _ = await loop.run_in_executor(ex, files.prepare, cache_dir)
+            sc = await loop.run_in_executor(ex, files.scan, root, MAX_CANDIDATES)
+        except OSError as e:
+            ex.shutdown(wait=False)
+            log.error(
+                "disk_cache_disabled",
+                cache_dir=str(cache_dir),
+                error=f"{type(e).__name__}: {e}",
+                fallback="memory tier only",
+            )
+            return None
+        min_free = (
+            config.min_free if config.min_free is not None else int(fs_size * DEFAULT_FLOOR_SHARE)
+        )
+        if config.budget is not None:
+            budget = config.budget
+        else:  # invariant under the tier's own writes: free space falls as the cache grows
+            budget = max(0, int((sc.free + sc.used - min_free) * AUTO_SHARE))
+        self = cls(root, budget, min_free, config, stats, ex)
+        self._apply_scan(sc)
+        if self._used > budget:
+            await self._shrink()
+        self._maint = loop.create_task(self._maintain(), name="disk-cache-maintenance")
+        log_fn = log.warning if sc.free < min_free else log.info
+        log_fn(
+            "disk_cache_opened",
+            cache_dir=str(cache_dir),
+            budget=budget,
+            used=sc.used,
+            entries=sc.entries,
+            fs_free=sc.free,
+            min_free=min_free,
+            refusing_new_entries=sc.free < min_free,
+            scan_s=round(sc.seconds, 3),
+        )
+        return self
+
+    # -- introspection ---------------------------------------------------------------------
+
+    @property
+    def budget_bytes(self) -> int:
+        return self._budget
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def has_room(self, charge: int) -> bool:
+        """Whether ``charge`` more bytes fit in the budget without evicting anything."""
+        return self._used + charge <= self._budget
+
+    def path(self, k: DiskKey) -> str:
+        return os.path.join(self.root, k.name[:2], k.name)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def read(self, k: DiskKey) -> bytes | None:
+        """The verified body of ``k``, or None (absent, bad: dropped, or an I/O error)."""
+        self._sketch.increment(k.hash64)
+        st = self.stats
+        try:
+            status, body, why = await asyncio.get_running_loop().run_in_executor(
+                self._ex, files.read_entry, self.path(k), k
+            )
+        except OSError as e:
+            st.read_errors += 1
+            st.misses += 1
+            self._log_error("disk_cache_read_failed", e)
+            return None
+        if status == files.HIT:
+            st.hits += 1
+            st.bytes_hit += len(body)
+            if len(self._touched) < MAX_TOUCHED:
+                self._touched.add(k.name)
+            return body
+        if status == files.BAD:
+            st.corrupt += 1
+            self._used = max(0, self._used - k.charge)
+            log.warning("disk_cache_entry_dropped", entry=k.name, reason=why)
+        st.misses += 1
+        return None
+
+    async def contains(self, k: DiskKey) -> bool:
+        """Whether an entry of the right size is present (not verified: a read verifies)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._ex, files.exists, self.path(k), k.file_bytes
+        )
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def admit(self, k: DiskKey) -> bool:
+        """Whether ``k`` should be published now (the duel when the tier is full); reserves
+        its room. Synchronous, on the loop; call ``publish`` next when True."""
+        if not self._writable(k):
+            return False
+        need = self._used + k.charge - self._budget
+        if need > 0 and not self._make_room(k, need):
+            return False
+        self._reserve(k)
+        return True
+
+    def publish(self, k: DiskKey, data: bytes) -> None:
+        """Write an admitted ``k`` in the background (failures are counted, never raised)."""
+        t = asyncio.get_running_loop().create_task(self._write(k, data))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def store(self, k: DiskKey, data: bytes) -> str:
+        """Warm-up's write: never evicts. "written", "budget" (the tier is full: stop),
+        "refused" (floor, backlog or a recent error) or "error"."""
+        if self._used + k.charge > self._budget:
+            self.stats.refused_budget += 1
+            return "budget"
+        if not self._writable(k):
+            return "refused"
+        self._reserve(k)
+        return "written" if await self._write(k, data) else "error"
+
+    def _writable(self, k: DiskKey) -> bool:
+        st = self.stats
+        if self._closed or k.name in self._writing:
+            return False
+        if time.monotonic() < self._refuse_until or self._fs_free - k.charge < self._min_free:
+            st.refused_full += 1
+            return False
+        if self._pending + k.length > self.config.max_pending_write_bytes:
+            st.refused_backlog += 1
+            return False
+        return True
+
+    def _reserve(self, k: DiskKey) -> None:
+        self._writing.add(k.name)
+        self._used += k.charge
+        self._reserved += k.charge
+        self._pending += k.length
+        self._gauges()
+
+    def _make_room(self, k: DiskKey, need: int) -> bool:
+        """Pick LRU victims worth ``need`` bytes and let ``k`` duel them (module docstring)."""
+        victims: list[tuple[int, str, int]] = []
+        freed = 0
+        oldest = self._oldest
+        while oldest and freed < need and len(victims) < 64:
+            v = oldest.popleft()
+            if v[1] in self._touched or v[1] == k.name:
+                continue
+            victims.append(v)
+            freed += v[2]
+        sketch = self._sketch
+        if (
+            freed < need
+            or k.charge > self._budget
+            or sketch.estimate(k.hash64) - 1
+            <= max(sketch.estimate(int(v[1][:16], 16)) for v in victims)
+        ):
+            oldest.extendleft(reversed(victims))
+            self.stats.rejected += 1
+            return False
+        self._used -= freed
+        self._evict_later(victims)
+        return True
+
+    async def _write(self, k: DiskKey, data: bytes) -> bool:
+        st = self.stats
+        loop = asyncio.get_running_loop()
+        tmp = f".tmp.{os.getpid()}.{next(self._seq)}"
+        ok = False
+        try:
+            status, free = await loop.run_in_executor(
+                self._ex, files.write_entry, self.root, k, data, self._min_free, tmp
+            )
+            self._fs_free = free
+            if status == files.FULL:
+                st.refused_full += 1
+                self._refuse_until = time.monotonic() + 1.0
+            else:
+                ok = True
+                st.writes += 1
+                st.entries += 1
+                st.bytes_written += k.length
+                self._written_since_scan += k.charge
+        except OSError as e:
+            st.write_errors += 1
+            self._refuse_until = time.monotonic() + ERROR_BACKOFF_S
+            self._log_error("disk_cache_write_failed", e)
+        finally:
+            self._writing.discard(k.name)
+            self._reserved -= k.charge
+            self._pending -= k.length
+            if not ok:
+                self._used -= k.charge
+            self._gauges()
+        return ok
+
+    # -- eviction and accounting -------------------------------------------------------------
+
+    def _evict_later(self, victims: list[tuple[int, str, int]]) -> None:
+        async def run() -> None:
+            try:
+                charges = await asyncio.get_running_loop().run_in_executor(
+                    self._ex, files.evict, self.root, victims
+                )
+            except OSError as e:
+                self._log_error("disk_cache_evict_failed", e)
+                return
+            self.stats.evictions += len(charges)
+            self.stats.evicted_bytes += sum(charges)
+            self.stats.entries -= len(charges)
+
+        t = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _shrink(self) -> None:
+        """Evict the oldest entries until the tier is at ``LOW_WATER`` of its budget (the
+        other workers wrote more than this process accounted for)."""
+        target = int(self._budget * LOW_WATER)
+        victims: list[tuple[int, str, int]] = []
+        freed = 0
+        while self._oldest and self._used - freed > target:
+            v = self._oldest.popleft()
+            if v[1] not in self._touched:
+                victims.append(v)
+                freed += v[2]
+        if not victims:
+            return
+        charges = await asyncio.get_running_loop().run_in_executor(
+            self._ex, files.evict, self.root, victims
+        )
+        self._used -= sum(charges)
+        self.stats.evictions += len(charges)
+        self.stats.evicted_bytes += sum(charges)
+        self.stats.entries -= len(charges)
+        log.info("disk_cache_shrunk", evicted=len(charges), used=self._used, budget=self._budget)
+        self._gauges()
+
+    def _apply_scan(self, sc: files.Scan) -> None:
+        self._used = sc.used + self._reserved
+        self._fs_free = sc.free
+        self._oldest = deque(sc.oldest)
+        self._written_since_scan = 0
+        self.stats.scans += 1
+        self.stats.entries = sc.entries
+        self._sketch.ensure_capacity(sc.entries)
+        self._gauges()
+
+    async def rescan(self) -> float:
+        """Scan the directory now (accounting, candidates); the seconds it took."""
+        sc = await asyncio.get_running_loop().run_in_executor(
+            self._ex, files.scan, self.root, MAX_CANDIDATES
+        )
+        self._apply_scan(sc)
+        return sc.seconds
+
+    async def flush_touches(self) -> None:
+        if not self._touched:
+            return
+        names = list(self._touched)
+        self._touched.clear()
+        with contextlib.suppress(OSError):
+            await asyncio.get_running_loop().run_in_executor(
+                self._ex, files.touch, self.root, names
+            )
+
+    async def _maintain(self) -> None:
+        cfg = self.config
+        next_scan = time.monotonic() + cfg.rescan_interval_s
+        while True:
+            await asyncio.sleep(min(cfg.touch_interval_s, cfg.rescan_interval_s))
+            try:
+                await self.flush_touches()
+                now = time.monotonic()
+                written = self._written_since_scan > self._budget * RESCAN_WRITTEN_SHARE
+                if now >= next_scan or written:
+                    took = await self.rescan()
+                    next_scan = now + max(cfg.rescan_interval_s, 20 * took)
+                if self._used > self._budget:
+                    await self._shrink()
+            except OSError as e:  # the directory went away, a disk error: keep trying
+                self._log_error("disk_cache_maintenance_failed", e)
+            except Exception:  # a bug must not end maintenance (and with it the budget)
+                log.exception("disk_cache_maintenance_failed")
+
+    def _gauges(self) -> None:
+        st = self.stats
+        st.used_bytes = self._used
+        st.pending_write_bytes = self._pending
+        st.fs_free_bytes = self._fs_free
+
+    def _log_error(self, event: str, e: OSError) -> None:
+        self._errors_logged += 1
+        n = self._errors_logged
+        if n <= 10 or n % 1000 == 0:
+            log.warning(event, error=f"{type(e).__name__}: {e}", errors_so_far=n)
+
+    async def drain(self) -> None:
+        """Wait for the writes and evictions started so far (tests, warm-ups, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop maintenance, let writes in flight finish, record the hits' access times."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._maint is not None:
+            self._maint.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._maint
+        await self.drain()
+        await self.flush_touches()
+        self._ex.shutdown(wait=False)
+        self.stats.enabled = 0

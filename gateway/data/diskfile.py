@@ -1,0 +1,298 @@
+"""The disk tier's files: their names, their format, and the blocking operations on them
+that ``gateway.data.disk.DiskStore`` runs on its executor (never on the event loop).
+
+Owns: the layout ``<cache_dir>/v1/<2 hex>/<32 hex>`` (the name is the BLAKE2b-128 of the
+entry's identity), the entry format (36-byte header, identity, body: ``encode_header``), the
+read-and-verify, the write-then-rename, the directory scan, eviction by unlink and the mtime
+touches. Must not: keep state (each function takes what it needs and returns a result) or run
+on the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import heapq
+import os
+import stat
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+__all__ = [
+    "LAYOUT",
+    "DiskKey",
+    "Scan",
+    "charge_of",
+    "disk_key",
+    "encode_header",
+    "evict",
+    "exists",
+    "fs_free",
+    "prepare",
+    "read_entry",
+    "scan",
+    "touch",
+    "write_entry",
+]
+
+LAYOUT: Final = "v1"
+MAGIC: Final = b"NFGC"
+FORMAT_VERSION: Final = 1
+# magic, format version, flags, identity length, start, length, body CRC-32, header CRC-32
+_HDR: Final = struct.Struct("<4sHHIQQII")
+_FS_BLOCK: Final = 4096
+STALE_TMP_NS: Final = 3600 * 10**9  # a temporary file this old is a crashed writer's
+_SUBDIRS: Final = tuple(f"{i:02x}" for i in range(256))
+
+HIT, MISS, BAD = 0, 1, 2  # read_entry outcomes
+WRITTEN, FULL = 0, 1  # write_entry outcomes
+
+
+def charge_of(file_bytes: int) -> int:
+    """What a file of ``file_bytes`` is charged against the budget (whole 4 KiB blocks)."""
+    return -(-file_bytes // _FS_BLOCK) * _FS_BLOCK
+
+
+@dataclass(frozen=True, slots=True)
+class DiskKey:
+    """One entry: bytes ``[start, start + length)`` of the object version ``ident``."""
+
+    name: str
+    ident: bytes
+    start: int
+    length: int
+
+    @property
+    def file_bytes(self) -> int:
+        return _HDR.size + len(self.ident) + self.length
+
+    @property
+    def charge(self) -> int:
+        return charge_of(self.file_bytes)
+
+    @property
+    def hash64(self) -> int:
+        return int(self.name[:16], 16)
+
+
+def disk_key(store: str, key: str, etag: str, start: int, length: int) -> DiskKey:
+    ident = f"{store}\0{key}\0{etag}".encode("utf-8", "surrogatepass")
+    h = hashlib.blake2b(ident, digest_size=16)
+    h.update(struct.pack("<QQ", start, length))
+    return DiskKey(h.hexdigest(), ident, start, length)
+
+
+def encode_header(k: DiskKey, body_crc: int) -> bytes:
+    fixed = _HDR.pack(MAGIC, FORMAT_VERSION, 0, len(k.ident), k.start, k.length, body_crc, 0)
+    hcrc = zlib.crc32(k.ident, zlib.crc32(fixed[:-4]))
+    return fixed[:-4] + struct.pack("<I", hcrc) + k.ident
+
+
+def _check_header(head: bytes, k: DiskKey) -> tuple[str, int]:
+    """("", body CRC) when ``head`` is a valid header of ``k``, else (why, 0)."""
+    if len(head) != _HDR.size + len(k.ident):
+        return "short header", 0
+    magic, version, _, ilen, start, length, body_crc, hcrc = _HDR.unpack_from(head)
+    if magic != MAGIC or version != FORMAT_VERSION:
+        return "not an entry of this format", 0
+    if zlib.crc32(head[_HDR.size :], zlib.crc32(head[: _HDR.size - 4])) != hcrc:
+        return "header checksum", 0
+    if (
+        ilen != len(k.ident)
+        or head[_HDR.size :] != k.ident
+        or (start, length)
+        != (
+            k.start,
+            k.length,
+        )
+    ):
+        return "another entry's identity", 0
+    return "", body_crc
+
+
+# ---------------------------------------------------------------------- executor functions
+
+
+def _pread_all(fd: int, n: int, off: int) -> bytes:
+    data = os.pread(fd, n, off)
+    if len(data) == n or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n:
+        more = os.pread(fd, n - got, off + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def read_entry(path: str, k: DiskKey) -> tuple[int, bytes, str]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return MISS, b"", ""
+    try:
+        st = os.fstat(fd)
+        hlen = _HDR.size + len(k.ident)
+        why = ""
+        if st.st_size != hlen + k.length:
+            why = f"size {st.st_size}, expected {hlen + k.length}"
+        else:
+            why, crc = _check_header(_pread_all(fd, hlen, 0), k)
+            if not why:
+                body = _pread_all(fd, k.length, hlen) if k.length else b""
+                if len(body) != k.length:
+                    why = "short read"
+                elif zlib.crc32(body) != crc:
+                    why = "body checksum"
+                else:
+                    return HIT, body, ""
+    finally:
+        os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        if os.stat(path).st_ino == st.st_ino:  # not replaced by a good copy meanwhile
+            os.unlink(path)
+    return BAD, b"", why
+
+
+def _write_all(fd: int, bufs: list[bytes]) -> None:
+    views = [memoryview(b) for b in bufs if b]
+    while views:
+        n = os.writev(fd, views)
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+
+
+def write_entry(
+    root: str, k: DiskKey, data: bytes, min_free: int, tmp_name: str
+) -> tuple[int, int]:
+    d = os.path.join(root, k.name[:2])
+    vfs = os.statvfs(d)
+    free = vfs.f_bavail * vfs.f_frsize
+    if free - k.charge < min_free:
+        return FULL, free
+    header = encode_header(k, zlib.crc32(data))
+    tmp = os.path.join(d, tmp_name)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            _write_all(fd, [header, data])
+        finally:
+            os.close(fd)
+        os.rename(tmp, os.path.join(d, k.name))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return WRITTEN, free - k.charge
+
+
+def exists(path: str, file_bytes: int) -> bool:
+    try:
+        return os.stat(path).st_size == file_bytes
+    except FileNotFoundError:
+        return False
+
+
+@dataclass(slots=True)
+class Scan:
+    used: int
+    entries: int
+    free: int
+    oldest: list[tuple[int, str, int]]  # (mtime_ns, name, charge), oldest first
+    seconds: float
+
+
+def fs_free(path: str) -> tuple[int, int]:
+    """(size, free bytes for unprivileged users) of the filesystem holding ``path``."""
+    vfs = os.statvfs(path)
+    return vfs.f_blocks * vfs.f_frsize, vfs.f_bavail * vfs.f_frsize
+
+
+def scan(root: str, keep: int) -> Scan:
+    t0 = time.monotonic()
+    now_ns = time.time_ns()
+    used = n = 0
+    heap: list[tuple[int, str, int]] = []  # (-mtime_ns, ...): the newest of the kept on top
+    for sub in _SUBDIRS:
+        try:
+            it = os.scandir(os.path.join(root, sub))
+        except FileNotFoundError:
+            continue
+        with it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if e.name.startswith("."):  # a temporary file; a crashed writer's when old
+                    if now_ns - st.st_mtime_ns > STALE_TMP_NS:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(e.path)
+                    continue
+                c = charge_of(st.st_size)
+                used += c
+                n += 1
+                item = (-st.st_mtime_ns, e.name, c)
+                if len(heap) < keep:
+                    heapq.heappush(heap, item)
+                elif item > heap[0]:
+                    heapq.heapreplace(heap, item)
+    oldest = sorted((-m, name, c) for m, name, c in heap)
+    return Scan(used, n, fs_free(root)[1], oldest, time.monotonic() - t0)
+
+
+def evict(root: str, victims: list[tuple[int, str, int]]) -> list[int]:
+    """Unlink the victims not touched since they were scanned; their charges."""
+    out: list[int] = []
+    for mtime_ns, name, _ in victims:
+        path = os.path.join(root, name[:2], name)
+        try:
+            st = os.stat(path)
+            if st.st_mtime_ns > mtime_ns:
+                continue  # hit (by any worker) since the scan: not a victim any more
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        out.append(charge_of(st.st_size))
+    return out
+
+
+def touch(root: str, names: list[str]) -> None:
+    now = time.time_ns()
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(os.path.join(root, name[:2], name), ns=(now, now))
+
+
+def prepare(cache_dir: Path) -> tuple[str, int, int]:
+    """Create the layout and prove it writable; (root, fs size, fs free). Raises OSError."""
+    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not cache_dir.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(cache_dir))
+    root = cache_dir / LAYOUT
+    root.mkdir(mode=0o700, exist_ok=True)
+    for sub in _SUBDIRS:
+        (root / sub).mkdir(mode=0o700, exist_ok=True)
+    probe = root / f".probe.{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):  # full: start, refuse new entries
+            raise
+    size, free = fs_free(str(root))
+    return str(root), size, free

@@ -1,0 +1,292 @@
+"""The disk tier end to end: SeaweedFS <- counting proxy <- gateway <- libnfs.
+
+- In-process gateway (``tests.harness.thread``): a dataset 8x the memory budget and within the
+  disk budget: epoch 1 fetches each file once, epoch 2 makes 0 GETs (counted at the proxy,
+  i.e. what reached S3); a gateway restarted on the same cache directory serves its first
+  epoch with 0 GETs; cache files damaged on disk (a flipped byte, a truncation) are detected,
+  dropped and fetched again.
+- ``nfsgw serve --workers 2`` (``GatewayProcess``): a data warm-up (run by worker 0) fills the
+  shared disk tier; connections served by either worker then read every file with 0 GETs, and
+  so does the first epoch after the service restarts.
+
+Every byte is checked against the uploaded bodies every time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.backend.s3 import S3Store
+from gateway.exports import ExportConfig
+from loadgen.gwprocess import GatewayProcess
+from loadgen.proxy import DelayProxy
+from loadgen.seaweed import SeaweedServer
+from tests.datasets import md5
+from tests.harness.thread import GatewayThread, LoopThread
+from tests.libnfs import LibNfs, libnfs_available
+
+pytestmark = [
+    pytest.mark.s3,
+    pytest.mark.libnfs,
+    pytest.mark.skipif(not libnfs_available(), reason="libnfs (libnfs.so.13) is not installed"),
+]
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def make_files(n: int = 160, seed: int = 12) -> dict[str, bytes]:
+    rng = random.Random(seed)
+    files = {
+        f"c{i % 4}/img_{i:04d}.jpg": rng.randbytes(rng.randrange(8 * KiB, 40 * KiB))
+        for i in range(n)
+    }
+    files["large/block.bin"] = rng.randbytes(3 * MiB + 5)  # read in 1 MiB blocks
+    files["empty.bin"] = b""
+    return files
+
+
+class Proxy:
+    """A counting ``DelayProxy`` on a loop thread of its own."""
+
+    def __init__(self, upstream: str) -> None:
+        self.loop = LoopThread("s3proxy").start()
+        self.proxy = DelayProxy(upstream)
+        self.loop.run(self.proxy.start())
+
+    def counts(self) -> Counter[str]:
+        return self.loop.call(lambda: Counter(self.proxy.counts))
+
+    def close(self) -> None:
+        try:
+            self.loop.run(self.proxy.close())
+        finally:
+            self.loop.close()
+
+
+@pytest.fixture
+def bucket(seaweed: SeaweedServer) -> Iterator[tuple[str, dict[str, bytes]]]:
+    name = f"dc-{uuid.uuid4().hex[:12]}"
+    seaweed.create_bucket(name)
+    files = make_files()
+
+    async def fill() -> None:
+        store = S3Store(name, **seaweed.store_kwargs())
+        try:
+            sem = asyncio.Semaphore(32)
+
+            async def put(k: str, v: bytes) -> None:
+                async with sem:
+                    await store.put("ds/" + k, v)
+
+            await asyncio.gather(*(put(k, v) for k, v in files.items()))
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(fill())
+        yield name, files
+    finally:
+        seaweed.delete_bucket(name)
+
+
+@pytest.fixture
+def proxy(seaweed: SeaweedServer) -> Iterator[Proxy]:
+    p = Proxy(seaweed.endpoint_url)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def gateway(
+    tmp_path: Path, seaweed: SeaweedServer, proxy: Proxy, bucket: str, memory: int
+) -> GatewayThread:
+    s3 = dict(seaweed.store_kwargs())
+    s3["endpoint_url"] = proxy.proxy.endpoint_url
+    return GatewayThread(
+        [ExportConfig("/data", f"s3://{bucket}/ds/", read_only=True, immutable=True)],
+        state_dir=tmp_path / "state",
+        s3=s3,
+        server_cache_dir=tmp_path / "cache",
+        cache_memory=memory,
+        cache_disk=256 * MiB,
+        cache_disk_min_free=0,
+        cache_small_file_max=1 * MiB,
+    )
+
+
+def epoch(gw: GatewayThread, files: dict[str, bytes], seed: int) -> None:
+    """Read every file once in a shuffled order and check its bytes; then let the disk
+    tier's writes land."""
+    order = sorted(files)
+    random.Random(seed).shuffle(order)
+    with LibNfs(gw.libnfs_url("/data")) as nfs:
+        for path in order:
+            got = nfs.read_file("/" + path)
+            assert md5(got) == md5(files[path]), path
+    disk = gw.server.gateway.reader.disk if gw.server.gateway else None
+    assert disk is not None
+    gw.run(disk.drain())
+
+
+def disk_stats(gw: GatewayThread) -> dict[str, int]:
+    def snap() -> dict[str, int]:
+        gateway = gw.server.gateway
+        assert gateway is not None and gateway.reader.disk is not None
+        s = gateway.reader.disk.stats
+        return {k: getattr(s, k) for k in s.__slots__}
+
+    return gw.call(snap)
+
+
+def test_dataset_eight_times_memory_costs_no_get_in_epoch_two_and_after_restarts(
+    tmp_path: Path,
+    seaweed: SeaweedServer,
+    proxy: Proxy,
+    bucket: tuple[str, dict[str, bytes]],
+) -> None:
+    name, files = bucket
+    total = sum(len(v) for v in files.values())
+    memory = total // 8
+    small = sum(1 for v in files.values() if 0 < len(v) <= MiB)
+    with gateway(tmp_path, seaweed, proxy, name, memory) as gw:
+        before = proxy.counts()
+        epoch(gw, files, seed=1)
+        gets1 = proxy.counts()["GET"] - before["GET"]
+        assert small <= gets1 <= small + 4  # one GET per small file; the 3 MiB file in blocks
+        assert disk_stats(gw)["writes"] == small + 4  # every small file and the four blocks
+        before = proxy.counts()
+        epoch(gw, files, seed=2)
+        assert proxy.counts()["GET"] == before["GET"]  # epoch 2: 0 GETs
+        s = disk_stats(gw)
+        assert s["hits"] > 0 and s["corrupt"] == 0 and s["used_bytes"] <= s["budget_bytes"]
+    before = proxy.counts()
+    with gateway(tmp_path, seaweed, proxy, name, memory) as gw:  # restarted, memory empty
+        epoch(gw, files, seed=3)
+        assert proxy.counts()["GET"] == before["GET"]  # first epoch after a restart: 0 GETs
+        assert disk_stats(gw)["hits"] == small + 4
+    entries = sorted((tmp_path / "cache" / "v1").glob("*/[0-9a-f]*"))
+    assert len(entries) == small + 4
+    flipped, cut = entries[0], entries[1]
+    raw = bytearray(flipped.read_bytes())
+    raw[-1] ^= 0x40
+    flipped.write_bytes(raw)
+    cut.write_bytes(cut.read_bytes()[:-1000])
+    before = proxy.counts()
+    with gateway(tmp_path, seaweed, proxy, name, memory) as gw:
+        epoch(gw, files, seed=4)  # bytes still right: the bad entries are never served
+        assert proxy.counts()["GET"] - before["GET"] == 2
+        s = disk_stats(gw)
+        assert s["corrupt"] == 2 and s["writes"] == 2  # dropped, fetched, published again
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    endpoint_url: str
+    access_key: str
+    secret_key: str
+
+
+def _metric(gw: GatewayProcess, name: str) -> float:
+    return sum(v for k, v in gw.metrics().items() if k == name or k.startswith(name + "{"))
+
+
+def _post(gw: GatewayProcess, path: str, body: Any) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{gw.admin_port}{path}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return r.status, json.loads(r.read())
+
+
+def _connections_on_both_workers(gw: GatewayProcess) -> list[LibNfs]:
+    clients: list[LibNfs] = []
+    for _ in range(64):
+        c = LibNfs(gw.libnfs_url("/data"))
+        c.stat("/c0")
+        clients.append(c)
+        per_worker = [
+            v for k, v in gw.metrics().items() if k.startswith("nfsgw_worker_rpc_requests_total{")
+        ]
+        if len(per_worker) == 2 and all(v > 0 for v in per_worker):
+            return clients
+    raise AssertionError("64 connections all went to one worker")
+
+
+def _epoch_over(clients: list[LibNfs], files: dict[str, bytes], seed: int) -> None:
+    order = sorted(files)
+    random.Random(seed).shuffle(order)
+    for i, path in enumerate(order):
+        assert md5(clients[i % len(clients)].read_file("/" + path)) == md5(files[path]), path
+
+
+def test_two_workers_share_the_disk_tier_a_warm_up_fills_and_restarts_keep(
+    tmp_path: Path,
+    seaweed: SeaweedServer,
+    proxy: Proxy,
+    bucket: tuple[str, dict[str, bytes]],
+) -> None:
+    name, files = bucket
+    total = sum(len(v) for v in files.values())
+    small = sum(1 for v in files.values() if 0 < len(v) <= MiB)
+    gw = GatewayProcess(
+        tmp_path,
+        [{"path": "/data", "backend": f"s3://{name}/ds/", "read_only": True, "immutable": True}],
+        sections={
+            "server": {"cache_dir": str(tmp_path / "cache")},
+            "cache": {
+                "memory": total // 8,
+                "disk": 256 * MiB,
+                "disk_min_free": 0,
+                "small_file_max": MiB,
+            },
+        },
+        s3=Account(proxy.proxy.endpoint_url, seaweed.access_key, seaweed.secret_key),
+        workers=2,
+    )
+    with gw:
+        before = proxy.counts()["GET"]
+        status, job = _post(gw, "/v1/warmup", {"path": "/data", "data": True, "wait": True})
+        assert status == 200 and job["state"] == "done" and job["tier"] == "disk", job
+        assert job["files_read"] == len(files) and job["stopped"] is None  # the empty one too
+        assert proxy.counts()["GET"] - before == small + 1  # the 3 MiB file in one ranged GET
+        clients = _connections_on_both_workers(gw)
+        try:
+            before = proxy.counts()["GET"]
+            _epoch_over(clients, files, seed=5)
+            assert proxy.counts()["GET"] == before  # either worker: 0 GETs
+            assert _metric(gw, "nfsgw_disk_cache_hits_total") >= small
+            assert _metric(gw, "nfsgw_disk_cache_corrupt_total") == 0
+        finally:
+            for c in clients:
+                c.close()
+        gw.stop()
+        gw.start()  # the whole service restarts on the same cache directory
+        deadline = time.monotonic() + 30
+        while _metric(gw, "nfsgw_disk_cache_enabled") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        clients = _connections_on_both_workers(gw)
+        try:
+            before = proxy.counts()["GET"]
+            _epoch_over(clients, files, seed=6)
+            assert proxy.counts()["GET"] == before
+        finally:
+            for c in clients:
+                c.close()
