@@ -145,7 +145,7 @@ def test_forged_handles_are_badhandle_everywhere(env: Env) -> None:
 
 def test_long_path_handles_are_signed_too(env: Env) -> None:
     real = env.fh(f"extras/{LONG_NAME}")
-    assert len(real) == 12 + 16  # the hashed form
+    assert len(real) == 12 + 10 + 16  # the hashed form: parent hash + name hash
     for what, fh in _forgeries(real).items():
         res = env.rpc.nfs(Nfs3Proc.GETATTR, nfs3.Getattr3Args(fh))
         assert res.status in (BADHANDLE, STALE), (what, res.status)

@@ -1,4 +1,5 @@
-"""File handles: format, MAC, the long-path map and its persistence, fileids, the secret."""
+"""The handle codec: forms, round trips through ``Handles`` (cached on the encoding gateway),
+MAC failures, lengths, determinism across codecs, fileids, the secret."""
 
 from __future__ import annotations
 
@@ -13,132 +14,141 @@ from hypothesis import strategies as st
 
 from gateway.errors import BadHandle, StaleHandle
 from gateway.namespace.handles import (
+    DIR_HASH_SIZE,
     FHSIZE,
+    FORM_HASHED,
+    FORM_INLINE,
+    FORM_MAPPED,
+    FORM_NAMED,
+    HEADER_SIZE,
     INLINE_MAX,
+    NAME_HASH_SIZE,
+    NAME_INLINE_MAX,
     ROOT_FILEID,
     SECRET_SIZE,
     HandleCodec,
+    dir_hash,
     fileid,
     load_or_create_secret,
+    name_hash,
 )
+from gateway.namespace.index import Namespace
+from gateway.namespace.resolve import Handles
 
 SECRET = b"s" * 32
 SHORT = "train/n01440764/n01440764_10026.JPEG"
-LONG = "a/very/long/directory/name/that/does/not/fit/inline/file-000001.jpg"
+LONG_DIR = "a/very/long/directory/name/that/does/not/fit/inline"
+NAMED = f"{LONG_DIR}/file-000001.jpg"  # 66 bytes, a short name
+HASHED = f"train/{'n' * 60}.jpg"  # a 64-byte name
 
 
-def pending(c: HandleCodec) -> bool:
-    return c.needs_flush
+def no_ns(export_id: int) -> Namespace | None:
+    raise AssertionError("a cached handle must not need the namespace")
 
 
-async def test_short_round_trip_is_inline():
-    c = HandleCodec(SECRET, None)
-    for path in ("", "a", SHORT, "é/日本語/😀", "x" * INLINE_MAX):
-        fh = c.encode(7, path)
-        assert len(fh) <= FHSIZE and fh[1] == 0
-        assert await c.decode(fh) == (7, path)
-        assert c.decode_nowait(fh) == (7, path)
-    assert c.encode(1, "") != c.encode(2, "")
-    assert await c.decode(memoryview(c.encode(3, SHORT))) == (3, SHORT)  # type: ignore[arg-type]
+def test_forms_and_sizes() -> None:
+    c = HandleCodec(SECRET)
+    fh = c.encode(7, SHORT)
+    assert fh[1] == FORM_INLINE and fh[HEADER_SIZE:] == SHORT.encode()
+    fh = c.encode(7, NAMED)
+    assert fh[1] == FORM_NAMED
+    assert fh[HEADER_SIZE:] == dir_hash(7, LONG_DIR) + b"file-000001.jpg"
+    fh = c.encode(7, HASHED)
+    assert fh[1] == FORM_HASHED and len(fh) == HEADER_SIZE + DIR_HASH_SIZE + NAME_HASH_SIZE
+    assert fh[HEADER_SIZE:] == dir_hash(7, "train") + name_hash("n" * 60 + ".jpg")
+    # The name limit of the named form, exactly, and one byte more.
+    edge = f"{LONG_DIR}/{'x' * NAME_INLINE_MAX}"
+    assert c.encode(1, edge)[1] == FORM_NAMED and len(c.encode(1, edge)) == FHSIZE
+    assert c.encode(1, edge + "x")[1] == FORM_HASHED
+    # A long name directly under the root: its parent is "".
+    top = "y" * 100
+    assert c.encode(1, top)[HEADER_SIZE:] == dir_hash(1, "") + name_hash(top)
+    with pytest.raises(ValueError):
+        c.encode(1, LONG_DIR + "/more/")
+    with pytest.raises(ValueError):
+        c.encode(70000, "a")
+    with pytest.raises(ValueError):
+        HandleCodec(b"short")
 
 
-@given(st.integers(0, 0xFFFF), st.text(max_size=80).filter(lambda s: "\0" not in s))
-def test_round_trip_property(export_id: int, path: str) -> None:
+def test_same_path_same_handle_on_every_codec() -> None:
+    """Stable across restarts and gateways: no state goes into a handle."""
+    a, b = HandleCodec(SECRET), HandleCodec(SECRET)
+    for p in ("", SHORT, NAMED, HASHED, "é/日本語/" + "😀" * 20):
+        assert a.encode(3, p) == b.encode(3, p)
+    b.encode(3, "other/dir/" + "z" * 60)  # the memo of the last parent changes nothing
+    assert a.encode(3, NAMED) == b.encode(3, NAMED)
+    assert a.encode(1, NAMED) != a.encode(2, NAMED)  # the export id is in the hash and the MAC
+
+
+async def test_round_trip_every_form_on_the_encoding_gateway() -> None:
+    h = Handles(SECRET)
+    paths = ["", "a", SHORT, "é/日本語/😀", "x" * INLINE_MAX, NAMED, HASHED, "q" * 255]
+    paths += [f"{LONG_DIR}/{'é' * 21}", f"{LONG_DIR}/{'é' * 22}"]  # 42 and 44 bytes of name
+    for p in paths:
+        fh = h.encode(5, p)
+        assert len(fh) <= FHSIZE
+        assert await h.decode(fh, no_ns) == (5, p)
+    assert await h.decode(memoryview(h.encode(3, SHORT)), no_ns) == (3, SHORT)  # type: ignore[arg-type]
+
+
+@given(
+    st.integers(0, 0xFFFF),
+    st.lists(
+        st.text(min_size=1, max_size=90).filter(lambda s: "/" not in s and "\0" not in s),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_round_trip_property(export_id: int, names: list[str]) -> None:
+    path = "/".join(names)
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
         return
-    c = HandleCodec(SECRET, None)
-    fh = c.encode(export_id, path)
-    assert len(fh) <= FHSIZE
-    assert asyncio.run(c.decode(fh)) == (export_id, path)
+    h = Handles(SECRET)
+    fh = h.encode(export_id, path)
+    assert HEADER_SIZE <= len(fh) <= FHSIZE
+    assert asyncio.run(h.decode(fh, no_ns)) == (export_id, path)
 
 
-async def test_forged_truncated_foreign_handles_are_bad():
-    c = HandleCodec(SECRET, None)
-    fh = c.encode(1, SHORT)
-    bad = [
-        b"",
-        fh[:11],
-        fh[:-1],  # truncated payload breaks the MAC
-        fh + b"x",
-        bytes([2]) + fh[1:],  # unknown version
-        fh[:1] + b"\x07" + fh[2:],  # unknown form
-        fh[:4] + bytes(8) + fh[12:],  # zero MAC
-        fh[:12] + b"TRAIN" + fh[17:],  # edited path
-        fh[:2] + b"\x00\x02" + fh[4:],  # other export
-        b"\x01" * 65,
-    ]
-    for b in bad:
+def _forgeries(fh: bytes) -> list[bytes]:
+    out = [b"", fh[:11], fh[:-1], fh + b"x", b"\x01" * 65, bytes([2]) + fh[1:]]
+    out.append(fh[:1] + b"\x07" + fh[2:])  # unknown form
+    out.append(fh[:4] + bytes(8) + fh[12:])  # zero MAC
+    out.append(fh[:2] + b"\x00\x02" + fh[4:])  # another export
+    out += [fh[:i] + bytes([fh[i] ^ 1]) + fh[i + 1 :] for i in range(len(fh))]  # every bit 0
+    return out
+
+
+async def test_forged_truncated_foreign_handles_are_bad() -> None:
+    h = Handles(SECRET)
+    for p in (SHORT, NAMED, HASHED):
+        fh = h.encode(1, p)
+        for b in _forgeries(fh):
+            with pytest.raises(BadHandle):
+                await h.decode(b, no_ns)
+        # The form byte switched between the hashed forms: the MAC covers it.
+        other = FORM_NAMED if fh[1] == FORM_HASHED else FORM_HASHED
         with pytest.raises(BadHandle):
-            await c.decode(b)
-    foreign = HandleCodec(b"t" * 32, None)
-    with pytest.raises(BadHandle):
-        await foreign.decode(fh)
-    with pytest.raises(BadHandle):
-        await c.decode(foreign.encode(1, LONG))
-    with pytest.raises(ValueError):
-        c.encode(70000, "a")
-    with pytest.raises(ValueError):
-        HandleCodec(b"short", None)
+            await h.decode(fh[:1] + bytes([other]) + fh[2:], no_ns)
+    foreign = Handles(b"t" * 32)
+    for p in (SHORT, NAMED, HASHED):
+        with pytest.raises(BadHandle):
+            await h.decode(foreign.encode(1, p), no_ns)
 
 
-async def test_long_path_uses_map_and_survives_restart(tmp_path: Path) -> None:
-    db = tmp_path / "state" / "handles.sqlite"
-    c = HandleCodec(SECRET, db)
-    assert len(LONG.encode()) > INLINE_MAX
-    fh = await c.encode_async(3, LONG)
-    assert len(fh) == 28 and fh[1] == 1
-    assert not pending(c)
-    assert await c.decode(fh) == (3, LONG)
-    # Many at once: one batch, one flush.
-    many = {f"{LONG}/{i}": c.encode(3, f"{LONG}/{i}") for i in range(100)}
-    assert pending(c)
-    await c.flush()
-    await c.close()
-    # A new process: same secret, same database.
-    c2 = HandleCodec(SECRET, db)
-    assert c2.decode_nowait(fh) is None  # needs the database
-    assert await c2.decode(fh) == (3, LONG)
-    assert c2.db_lookups == 1
-    assert await c2.decode(fh) == (3, LONG)
-    assert c2.db_lookups == 1  # cached now
-    for path, h in many.items():
-        assert await c2.decode(h) == (3, path)
-    # A hash nobody mapped: a validly signed handle of an unknown path -> STALE.
-    other = HandleCodec(SECRET, tmp_path / "other.sqlite")
-    unknown = other.encode(3, LONG + "/nope")
-    await other.close()
+async def test_mapped_form_without_legacy_map_is_stale() -> None:
+    """A correctly signed handle of the old mapped form, on a gateway with no old map."""
+    h = Handles(SECRET)
+    payload = bytes(16)
+    head = bytes([1, FORM_MAPPED, 0, 1])
+    fh = head + h.codec._mac(head, payload) + payload
     with pytest.raises(StaleHandle):
-        await c2.decode(unknown)
-    await c2.close()
+        await h.decode(fh, no_ns)
 
 
-async def test_background_flush_without_explicit_flush(tmp_path: Path) -> None:
-    db = tmp_path / "h.sqlite"
-    c = HandleCodec(SECRET, db)
-    fh = c.encode(1, LONG)
-    assert c.decode_nowait(fh) == (1, LONG)  # served from the queue meanwhile
-    for _ in range(100):
-        if not c.needs_flush:
-            break
-        await asyncio.sleep(0.01)
-    assert not c.needs_flush
-    c2 = HandleCodec(SECRET, db)
-    assert await c2.decode(fh) == (1, LONG)
-    await c.close()
-    await c2.close()
-
-
-async def test_memory_only_long_paths_and_bounded_cache():
-    c = HandleCodec(SECRET, None, cache_entries=2)
-    fhs = [await c.encode_async(1, f"{LONG}/{i}") for i in range(3)]
-    assert await c.decode(fhs[2]) == (1, f"{LONG}/2")
-    with pytest.raises(StaleHandle):
-        await c.decode(fhs[0])  # evicted and not persisted anywhere
-
-
-def test_fileid_stable_nonzero():
+def test_fileid_stable_nonzero() -> None:
     assert fileid(1, "") == ROOT_FILEID
     a = fileid(1, SHORT)
     assert a == fileid(1, SHORT) and a not in (0, ROOT_FILEID) and a < 2**64
