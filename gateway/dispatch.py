@@ -8,7 +8,9 @@ procedure's bare result built from the status (``Procedure.fail_body``); a backe
 that escaped its layer is translated (``errors.as_gateway_error``); anything else becomes
 SERVERFAULT, logged with its traceback. Every failure is logged here once, at the level its
 error type carries, and counted by the status of the reply. ``CancelledError`` is never
-caught here. Must not: build wire bytes by hand.
+caught here. Non-idempotent calls go through the duplicate-request cache (``gateway.drc``)
+once their arguments decode: a retransmission is answered with the original's reply, and the
+original runs to its end even if its connection closes. Must not: build wire bytes by hand.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 from structlog.contextvars import bind_contextvars
 
+from gateway.drc import DuplicateRequestCache, identity
 from gateway.errors import ServerFault, as_gateway_error
 from gateway.transport import Peer
 from nfsproto import rpc
@@ -92,9 +95,12 @@ class CallObserver:
 
 
 class Dispatcher:
-    def __init__(self, observer: CallObserver | None = None) -> None:
+    def __init__(
+        self, observer: CallObserver | None = None, drc: DuplicateRequestCache | None = None
+    ) -> None:
         self.programs: dict[int, Program] = {}
         self.observer = observer or CallObserver()
+        self.drc = drc
 
     def register(
         self, prog: int, name: str, vers: int, procs: dict[int, Procedure[Any, Any]]
@@ -142,6 +148,7 @@ class Dispatcher:
                 peer,
                 f"unsupported verifier flavor {hdr.verf.flavor}",
             )
+        args_at = r.pos
         try:
             args = proc.unpack_args(r)
         except XdrError as e:
@@ -155,11 +162,28 @@ class Dispatcher:
             )
             rpc.pack_accepted_reply(w, hdr.xid, AcceptStat.GARBAGE_ARGS)
             return w.buffers()
-        return await self._call(w, ctx, prog, proc, args)
+        drc = self.drc
+        if drc is not None and drc.caches(hdr.prog, hdr.vers, hdr.proc):
+            ident = identity(hdr.cred.flavor, hdr.cred.body)
+            key = drc.key(
+                peer.host, hdr.xid, hdr.prog, hdr.vers, hdr.proc, ident, r.buffer[args_at:]
+            )
+            if key is not None:
+
+                async def execute() -> tuple[bytes, bool]:
+                    bufs, status = await self._call(w, ctx, prog, proc, args)
+                    # JUKEBOX: nothing was done and the client retries; not kept.
+                    return b"".join(bufs), status != "NFS3ERR_JUKEBOX"
+
+                reply = await drc.run(key, execute)
+                return None if reply is None else [reply]
+        return (await self._call(w, ctx, prog, proc, args))[0]
 
     async def _call(
         self, w: Writer, ctx: CallContext, prog: Program, proc: Procedure[Any, Any], args: Any
-    ) -> list[Buffer]:
+    ) -> tuple[list[Buffer], str]:
+        """The reply to a decoded call, and the status it carries ("ok", the NFS status's
+        name or "SYSTEM_ERR")."""
         name = f"{prog.name}.{proc.name}"
         # Every log line below this call (handlers, namespace, backend) carries these; each
         # call runs in its own task, so the binding ends with it (STYLE §6).
@@ -170,7 +194,7 @@ class Dispatcher:
         except Exception as exc:  # CancelledError is a BaseException: never caught here
             res = self._failure(ctx, name, proc, exc)
             if res is None:
-                return self._system_err(w, ctx, name, t0)
+                return self._system_err(w, ctx, name, t0), "SYSTEM_ERR"
         s = getattr(res, "status", None)
         status = "ok" if s is None or int(s) == 0 else s.name
         rpc.pack_success_header(w, ctx.xid)
@@ -180,9 +204,9 @@ class Dispatcher:
             log.error(
                 "reply_encode_failed", xid=ctx.xid, proc=name, client=ctx.peer.host, error=str(e)
             )
-            return self._system_err(Writer(), ctx, name, t0)
+            return self._system_err(Writer(), ctx, name, t0), "SYSTEM_ERR"
         self.observer.call(name, status, time.perf_counter() - t0)
-        return w.buffers()
+        return w.buffers(), status
 
     @staticmethod
     def _failure(ctx: CallContext, name: str, proc: Procedure[Any, Any], exc: Exception) -> Any:

@@ -21,6 +21,11 @@ Faults (``Rule.fault``):
 ``stall``      nothing at all for ``stall_s`` seconds, then a close
 ``stall-body`` headers and half of the body, then nothing for ``stall_s``, then a close
 ``latency``    the response is delayed ``stall_s`` seconds, then sent whole
+``flip-bit``   the whole response with one bit of its body inverted (a bit chosen by the seeded
+               generator), Content-Length right: a corruption only a checksum can see. Not in
+               ``FAULTS`` (the faults every read survives): a ranged read of part of an object
+               has nothing to be checked against, so the gateway would serve it (see
+               docs/reliability.md); it is in ``CORRUPTIONS``
 ============== ==================================================================================
 
 A rule matches request kinds (``LIST`` for ListObjectsV2, else the method: ``GET``, ``HEAD``,
@@ -49,7 +54,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from yarl import URL
 
-__all__ = ["FAULTS", "FaultProxy", "Rule", "request_kind"]
+__all__ = ["CORRUPTIONS", "FAULTS", "FaultProxy", "Rule", "request_kind"]
 
 FAULTS = (
     "500",
@@ -63,6 +68,7 @@ FAULTS = (
     "stall-body",
     "latency",
 )
+CORRUPTIONS = ("flip-bit",)
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -101,8 +107,9 @@ class Rule:
     stall_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.fault not in FAULTS:
-            raise ValueError(f"unknown fault {self.fault!r}; one of {', '.join(FAULTS)}")
+        if self.fault not in FAULTS and self.fault not in CORRUPTIONS:
+            known = ", ".join((*FAULTS, *CORRUPTIONS))
+            raise ValueError(f"unknown fault {self.fault!r}; one of {known}")
 
 
 @dataclass(slots=True)
@@ -291,6 +298,14 @@ class FaultProxy:
             return False
         status, reason, headers, body = await self._forward(req)
         n = len(body)
+        if rule is not None and fault == "flip-bit":
+            if n:  # an empty body (or a HEAD) has no bit to flip: sent as it is
+                bit = self.rng.randrange(n * 8)
+                flipped = bytearray(body)
+                flipped[bit // 8] ^= 1 << (bit % 8)
+                body = bytes(flipped)
+            await self._write(writer, status, reason, headers, body, n, req.method)
+            return True
         if rule is None or fault == "latency":
             if rule is not None:
                 await asyncio.sleep(rule.stall_s)

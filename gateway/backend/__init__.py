@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from gateway.backend.base import ObjectStore, RequestObserver
 
 if TYPE_CHECKING:
-    from gateway.backend.config import RetryPolicy
+    from gateway.backend.config import ChecksumPolicy, RetryPolicy
 
 __all__ = ["StoreUrl", "open_store", "parse_store_url"]
 
@@ -75,6 +75,7 @@ def open_store(
     max_connections: int | None = None,
     max_inflight: int | None = None,
     retry: RetryPolicy | None = None,
+    checksums: ChecksumPolicy | None = None,
     workers: int | None = None,
     create: bool | None = None,
 ) -> ObjectStore:
@@ -106,6 +107,7 @@ def open_store(
         "profile": profile or q.get("profile") or None,
         "anonymous": anonymous if anonymous is not None else q.get("anonymous", "") in _TRUE,
         "retry": retry,
+        "checksums": checksums,
         "max_inflight": max_inflight,
         "observer": observer,
         "name": f"s3://{u.location}/{u.prefix}",

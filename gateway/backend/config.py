@@ -1,5 +1,6 @@
 """The S3 backend's settings, the ``[s3]`` table of ``nfsgw.toml``: where and how to reach
-the store (``S3Config``) and its retries and timeouts (``RetryPolicy``, inlined in ``[s3]``).
+the store (``S3Config``), its retries and timeouts (``RetryPolicy``) and which bodies it
+verifies (``ChecksumPolicy``), both inlined in ``[s3]``.
 Each key is declared once, here (``gateway.settings``).
 
 Must not: open connections or read credentials (``credentials.py``, off the loop).
@@ -37,6 +38,50 @@ class RetryPolicy:
     def backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1)))."""
         return random.uniform(0.0, min(self.max_delay_s, self.base_delay_s * (1 << (attempt - 1))))
+
+
+@dataclass(frozen=True, slots=True)
+class ChecksumPolicy:
+    """Which whole-object GET bodies the S3 store verifies (``s3wire.body_checksum``); a body
+    that fails is retried like a short one, then the read fails (NFS3ERR_IO), never served.
+    Ranged reads of part of an object are not verifiable (docs/reliability.md). Costs per
+    110 kB GET against ~230 µs of CPU without (``benchmarks/s3_checksum_cpu.py``,
+    docs/benchmarks.md):
+
+    - ``stored``: ask for the checksums the store keeps (``x-amz-checksum-mode: ENABLED``)
+      and verify a full-object CRC32 (+17 µs, +1 to +9 %), SHA-1 or SHA-256 (~+60 µs); and
+      send a CRC32 with every single-request upload, so what nfsgw writes is checked by the
+      store on the way in and by nfsgw on every whole-object read after. On by default.
+    - ``md5``: a single-part object's MD5 ETag when no stored checksum came (+140 µs, +49
+      to +63 %: more than the few percent a default may cost). Off by default.
+    - ``crc32c``: a stored CRC32C when it is the only checksum: ours is computed in Python,
+      ~7 ms per 110 kB (17x the GET). Off by default."""
+
+    stored: bool = field(
+        default=True,
+        metadata=setting(
+            boolean,
+            "verify whole-object reads against the CRC32/SHA-1/SHA-256 the store keeps; "
+            "send a CRC32 with uploads",
+            key="verify_checksums",
+        ),
+    )
+    md5: bool = field(
+        default=False,
+        metadata=setting(
+            boolean,
+            "verify whole-object reads of single-part objects against their MD5 ETag",
+            key="verify_md5",
+        ),
+    )
+    crc32c: bool = field(
+        default=False,
+        metadata=setting(
+            boolean,
+            "verify whole-object reads against a stored CRC32C (slow: computed in Python)",
+            key="verify_crc32c",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +128,4 @@ class S3Config:
         ),
     )
     retry: RetryPolicy = field(default_factory=RetryPolicy, metadata=INLINE)
+    checksums: ChecksumPolicy = field(default_factory=ChecksumPolicy, metadata=INLINE)

@@ -15,12 +15,25 @@ per 1,000-key LIST page; aiohttp plus this signer costs a fraction of that
 
 Observer contract: ``observer(op, outcome, seconds)`` is called exactly once per HTTP request
 sent. Attempts that will be retried report ``"retry"``; the last attempt reports ``"ok"``,
-``"not_found"``, ``"precondition"`` or ``"error"``.
+``"not_found"``, ``"precondition"`` or ``"error"``. A GET whose body failed its checksum
+reports ``"checksum_mismatch"``, retried or not.
+
+Every byte verified (``ChecksumPolicy``): a GET whose body is the whole object (no range, a
+range the server ignored, or a range that covers the object) is checked against the
+cheapest full-object checksum its reply carries and the policy allows
+(``s3wire.body_checksum``: a stored CRC32/SHA-1/SHA-256; optionally a single-part object's
+MD5 ETag, a stored CRC32C). A mismatch is logged and retried like a short body; when the
+retries run out the GET fails with ``ChecksumMismatch`` (NFS3ERR_IO). A body of part of an
+object has nothing to be checked against and is not. Single-request PUTs carry a CRC32
+(``x-amz-checksum-crc32``), so objects nfsgw writes are verifiable. Hashing runs on the loop
+below ``_HASH_OFF_LOOP_BYTES`` (CRC32 of a 110 kB body: ~17 µs, docs/benchmarks.md), in a
+thread above it (hashlib and zlib release the GIL); CRC32C (Python) always in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import time
@@ -29,6 +42,7 @@ from typing import Final, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
+import structlog
 from yarl import URL
 
 from gateway.backend.base import (
@@ -42,12 +56,15 @@ from gateway.backend.base import (
     PreconditionFailed,
     RequestObserver,
 )
-from gateway.backend.config import AddressingStyle, RetryPolicy
+from gateway.backend.config import AddressingStyle, ChecksumPolicy, RetryPolicy
 from gateway.backend.credentials import CredentialCache, resolve_region
 from gateway.backend.s3wire import (
+    Checksum,
     MalformedReply,
+    body_checksum,
     child_text,
     complete_multipart_body,
+    digest,
     embedded_error,
     http_date_ns,
     metadata_headers,
@@ -67,6 +84,8 @@ from gateway.backend.sigv4 import (
     canonical_query,
     encode_path,
 )
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 PayloadSigning = Literal["auto", "always", "never"]
@@ -91,6 +110,15 @@ class _Retry(Exception):
     def __init__(self, reason: str, *, expired_creds: bool = False) -> None:
         super().__init__(reason)
         self.expired_creds = expired_creds
+
+
+class _BadChecksum(_Retry):
+    """A whole-object body that does not hash to its checksum: retried, then
+    ``ChecksumMismatch``."""
+
+
+class ChecksumMismatch(BackendError):
+    """Every attempt's body failed its checksum: the bytes are not served (NFS3ERR_IO)."""
 
 
 class S3Store:
@@ -122,6 +150,7 @@ class S3Store:
         max_connections: int = 64,
         max_inflight: int | None = None,
         retry: RetryPolicy | None = None,
+        checksums: ChecksumPolicy | None = None,
         payload_signing: PayloadSigning = "auto",
         observer: RequestObserver | None = None,
         name: str | None = None,
@@ -133,6 +162,7 @@ class S3Store:
         self.bucket = bucket
         self.name = name or f"s3://{bucket}"
         self.retry = retry or RetryPolicy()
+        self.checksums = checksums or ChecksumPolicy()
         self._observer = observer
         self._profile = profile
         self._region = region
@@ -316,15 +346,16 @@ class S3Store:
             # A retryable failure.
             elapsed = time.perf_counter() - t0
             delay = policy.backoff(attempt)
+            bad_body = isinstance(last, _BadChecksum)
             if attempt >= policy.max_attempts or loop.time() + delay >= deadline:
                 if observer is not None and sent:
-                    observer(op, "error", elapsed)
-                raise BackendUnavailable(
-                    f"{op} {self.bucket}/{key}: giving up after {attempt} attempt(s): "
-                    f"{type(last).__name__}: {last}"
-                ) from last
+                    observer(op, "checksum_mismatch" if bad_body else "error", elapsed)
+                what = f"{op} {self.bucket}/{key}: giving up after {attempt} attempt(s)"
+                if bad_body:
+                    raise ChecksumMismatch(f"{what}: {last}") from last
+                raise BackendUnavailable(f"{what}: {type(last).__name__}: {last}") from last
             if observer is not None and sent:
-                observer(op, "retry", elapsed)
+                observer(op, "checksum_mismatch" if bad_body else "retry", elapsed)
             await asyncio.sleep(delay)
 
     async def _status_error(
@@ -356,6 +387,35 @@ class S3Store:
         if status in (301, 307, 400) and (region := resp.headers.get("x-amz-bucket-region")):
             return BackendError(f"{what} (the bucket is in region {region})")
         return BackendError(what)
+
+    async def _verify(self, key: str, data: bytes, c: Checksum) -> None:
+        """Raise ``_BadChecksum`` unless ``data`` hashes to ``c`` (logged: a body of the right
+        length with wrong bytes is a store or network fault worth seeing)."""
+        if c.algorithm == "crc32c":  # Python, ~60 ns a byte: never on the loop
+            got = await asyncio.to_thread(digest, c.algorithm, data)
+        else:
+            got = await self._off_loop_if_big(digest, c.algorithm, data)
+        if got != c.expected:
+            log.warning(
+                "s3_checksum_mismatch",
+                bucket=self.bucket,
+                key=key,
+                algorithm=c.algorithm,
+                size=len(data),
+                expected=c.expected.hex(),
+                got=got.hex(),
+            )
+            raise _BadChecksum(
+                f"{c.algorithm} of {len(data)} bytes is {got.hex()}, not {c.expected.hex()}"
+            )
+
+    @staticmethod
+    async def _off_loop_if_big(fn: Callable[[str, bytes], bytes], name: str, data: bytes) -> bytes:
+        """``fn(name, data)``, in a thread for bodies over ``_HASH_OFF_LOOP_BYTES`` (hashlib
+        and zlib release the GIL; below it the thread hand-off costs more than it saves)."""
+        if len(data) > _HASH_OFF_LOOP_BYTES:
+            return await asyncio.to_thread(fn, name, data)
+        return fn(name, data)
 
     async def _payload_hash(self, data: bytes) -> str:
         if not self._sign_payload:
@@ -432,6 +492,8 @@ class S3Store:
             headers["range"] = f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
         if if_match is not None:
             headers["if-match"] = f'"{if_match}"'
+        if self.checksums.stored or self.checksums.crc32c:
+            headers["x-amz-checksum-mode"] = "ENABLED"
 
         async def handle(resp: aiohttp.ClientResponse) -> GetResult:
             h = resp.headers
@@ -446,6 +508,7 @@ class S3Store:
             clen = resp.content_length
             if clen is not None and len(data) != clen:
                 raise _Retry(f"short body: {len(data)} of {clen} bytes")
+            etag = unquote_etag(h.get("ETag", ""))
             if status == 206:
                 first, last, total = parse_content_range(h.get("Content-Range", ""))
                 if first != start:
@@ -453,13 +516,22 @@ class S3Store:
                 if len(data) != last - first + 1:
                     raise _Retry(f"short body: {len(data)} of {last - first + 1} bytes")
                 size = total if total >= 0 else start + len(data)
+                whole = first == 0 and last + 1 == total
             else:
                 size = len(data)
-                if ranged:  # the server ignored Range: cut the slice ourselves
-                    data = data[start:end]
+                whole = True
+            policy = self.checksums
+            if whole and (policy.stored or policy.md5 or policy.crc32c):
+                c = body_checksum(
+                    h, etag, stored=policy.stored, md5=policy.md5, crc32c=policy.crc32c
+                )
+                if c is not None:
+                    await self._verify(key, data, c)
+            if status != 206 and ranged:  # the server ignored Range: cut the slice ourselves
+                data = data[start:end]
             return GetResult(
                 data,
-                unquote_etag(h.get("ETag", "")),
+                etag,
                 size,
                 http_date_ns(h.get("Last-Modified", "")),
                 user_metadata(h),
@@ -472,6 +544,11 @@ class S3Store:
     ) -> ObjectInfo:
         headers = metadata_headers(metadata)
         size = len(data)
+        if self.checksums.stored:
+            # The store checks it on the way in (400 BadDigest) and keeps it: a later
+            # whole-object read of this object is verified for 17 µs per 110 kB.
+            crc = await self._off_loop_if_big(digest, "crc32", data)
+            headers["x-amz-checksum-crc32"] = base64.b64encode(crc).decode()
 
         async def handle(resp: aiohttp.ClientResponse) -> ObjectInfo:
             await resp.read()
