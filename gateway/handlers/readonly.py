@@ -1,6 +1,7 @@
-"""LINK (RFC 1813 §3.3.15) and MKNOD (§3.3.11): never supported, since an object store has no
-hard links and no device or socket files: NFS3ERR_NOTSUPP on writable exports, NFS3ERR_ROFS
-on read-only ones, with the wcc_data of the directory that was not changed.
+"""LINK (RFC 1813 §3.3.15): never supported, since an object store has no hard links (one
+object has one key; MKNOD makes special files: ``create``): NFS3ERR_NOTSUPP on writable
+exports, NFS3ERR_ROFS on read-only ones, with the wcc_data of the directory that was not
+changed.
 
 The other mutating procedures have their own modules (create, write, setattr, remove,
 rename); each answers NFS3ERR_ROFS on a read-only export.
@@ -14,14 +15,7 @@ from gateway.errors import NotSupported
 from gateway.handlers.common import on_failure, resolve_opt
 from gateway.handlers.mutate import check_writable, wcc_unchanged
 from gateway.registry import Gateway
-from nfsproto.nfs3 import Fattr3, Link3Args, Link3Res, Mknod3Args, Mknod3Res
-
-
-async def mknod3(gw: Gateway, ctx: CallContext, args: Mknod3Args) -> Mknod3Res:
-    export, d = await gw.resolve(ctx, args.where.dir)
-    async with on_failure(lambda s: Mknod3Res(s, dir_wcc=wcc_unchanged(export, d))):
-        check_writable(export)
-        raise NotSupported("MKNOD: an object store has no device, socket or fifo files")
+from nfsproto.nfs3 import Fattr3, Link3Args, Link3Res
 
 
 async def link3(gw: Gateway, ctx: CallContext, args: Link3Args) -> Link3Res:

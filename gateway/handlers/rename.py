@@ -11,8 +11,13 @@
   subtree is NFS3ERR_INVAL; a file over a directory NFS3ERR_ISDIR; a directory over a file
   NFS3ERR_NOTDIR; a directory over a non-empty directory NFS3ERR_NOTEMPTY; across exports
   NFS3ERR_XDEV (``Gateway.resolve`` refuses the second export's handle).
-- File handles name keys (DESIGN §3), so a handle of the old name (an open file, the Linux
-  client's silly rename of an open file that is removed) is stale afterwards (docs/posix.md).
+- Sticky directories (source and target): only root and the owners of the directory or of
+  the entry may move or replace it (NFS3ERR_PERM). Moving a directory to another parent needs
+  write permission on it (its ".." changes; NFS3ERR_ACCES), as Linux's vfs_rename asks.
+- File handles name keys (DESIGN §3); the index remembers where a file went
+  (``namespace.moved``), so the handle of the old name (an open file, the Linux client's silly
+  rename of an open file that is removed) keeps working. A renamed directory's old handles,
+  and those of everything under it, are stale (docs/posix.md).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from gateway.handlers.common import on_failure
 from gateway.handlers.mutate import (
     check_dir,
     check_dir_write,
+    check_may_move_dir,
+    check_sticky,
     check_writable,
     lookup_opt,
     new_name,
@@ -37,7 +44,7 @@ from gateway.handlers.mutate import (
     wcc_after,
     wcc_unchanged,
 )
-from gateway.namespace import EntryKind, split_path
+from gateway.namespace import Entry, EntryKind, split_path
 from gateway.registry import Gateway
 from nfsproto.nfs3 import NfsStat3, Rename3Args, Rename3Res
 
@@ -67,12 +74,19 @@ async def rename3(gw: Gateway, ctx: CallContext, args: Rename3Args) -> Rename3Re
     async with on_failure(result), gw.writes.lock(export, src, dst):
         moved = await export.ns.lookup(fd.path, split_path(src)[1])
         if src != dst:
-            await _rename(gw, export, moved.kind, src, dst)
+            check_sticky(gw, ctx, export, fd, moved)
+            if moved.kind is EntryKind.DIR and fd.path != td.path:
+                check_may_move_dir(gw, ctx, export, moved)
+            t = await lookup_opt(export, td.path, split_path(dst)[1])
+            if t is not None:
+                check_sticky(gw, ctx, export, td, t)
+            await _rename(gw, export, moved, dst)
     return await result(NfsStat3.NFS3_OK)
 
 
-async def _rename(gw: Gateway, export: Export, kind: EntryKind, src: str, dst: str) -> None:
+async def _rename(gw: Gateway, export: Export, moved: Entry, dst: str) -> None:
     writes = gw.writes
+    kind, src = moved.kind, moved.path
     dparent, dname = split_path(dst)
     t = await lookup_opt(export, dparent, dname)
     if kind is EntryKind.DIR:
@@ -95,5 +109,5 @@ async def _rename(gw: Gateway, export: Export, kind: EntryKind, src: str, dst: s
         return
     if t is not None and t.kind is EntryKind.DIR:
         raise IsDirectory(dst)
-    await writes.commit_locked(export, src)
-    await writes.rename_object(export, src, dst)
+    committed = await writes.commit_locked(export, src)
+    await writes.rename_object(export, moved if committed is None else committed, dst)

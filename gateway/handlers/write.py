@@ -20,7 +20,13 @@ from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.errors import InvalidArgument, IsDirectory
 from gateway.handlers.common import on_failure
-from gateway.handlers.mutate import check_may_write, check_writable, pre_op, wcc_unchanged
+from gateway.handlers.mutate import (
+    check_may_write,
+    check_writable,
+    clear_setid,
+    pre_op,
+    wcc_unchanged,
+)
 from gateway.namespace import EntryKind
 from gateway.registry import Gateway
 from nfsproto.nfs3 import (
@@ -46,6 +52,7 @@ async def write3(gw: Gateway, ctx: CallContext, args: Write3Args) -> Write3Res:
             raise InvalidArgument(f"WRITE to {e.kind.value} {e.path!r}")
         check_may_write(gw, ctx, export, e)
         before = pre_op(export, e)
+        e = await clear_setid(gw, ctx, export, e)
         data = args.data
         if args.count < len(data):
             data = memoryview(data)[: args.count]

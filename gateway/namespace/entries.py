@@ -9,9 +9,12 @@ asks, and keeps ``Entry`` objects only for the few names with metadata or a rece
 
 **File attributes** come from the listing: size, LastModified, ETag. Object metadata, when a
 listing (e.g. the local backend) or a HEAD carries it, overrides them (``objmeta``): mode,
-owner, mtime, and ``symlink-target``, which makes the entry a SYMLINK. S3 listings carry no user
+owner, mtime, atime, ctime, ``symlink-target``, which makes the entry a SYMLINK, and ``type``
+(with ``rdev``), which makes it a special file (``special``: a FIFO, socket or device; the
+kind stays FILE, the handlers turn it into its NFS type). S3 listings carry no user
 metadata, so a listed symlink shows as a regular file until a HEAD (``Namespace.refresh``)
-reveals it. Directories have size ``DIR_SIZE`` and synthetic times (``Namespace``).
+reveals it. Directories have size ``DIR_SIZE``, synthetic times (``Namespace``) and the
+attributes of their marker object, if any (``dirattrs``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from enum import Enum
 from typing import Final
 
 from gateway.backend.base import ObjectInfo
-from gateway.namespace.objmeta import parse_metadata
+from gateway.namespace.objmeta import (
+    META_ATIME,
+    META_CTIME,
+    parse_ino,
+    parse_metadata,
+    parse_special,
+    time_ns,
+)
 
 DIR_SIZE: Final = 4096
 # The budget's constants (CPython 3.11, 64-bit; measured with tracemalloc, see
@@ -47,7 +57,11 @@ class EntryKind(Enum):
 class Entry:
     """One name in a directory. Shared with the cache: callers must treat it as read-only.
     ``mode``/``uid``/``gid`` None mean "the export's default"; ``mode`` holds permission bits
-    only (the handler adds the file type). ``etag`` is "" for directories."""
+    only (the handler adds the file type). ``etag`` is "" for directories. ``atime_ns`` None:
+    the mtime. ``special``: a FILE that is a special file (``objmeta.SPECIAL_TYPES``) with
+    device numbers ``rdev`` (major, minor). ``nlink`` 0: the default (1; 2 for a directory
+    whose subdirectories are not known). ``ino``: the fileid a renamed file keeps (None: the
+    hash of ``path``)."""
 
     name: str
     path: str
@@ -60,6 +74,11 @@ class Entry:
     uid: int | None = None
     gid: int | None = None
     symlink_target: str | None = None
+    atime_ns: int | None = None
+    special: str | None = None
+    rdev: tuple[int, int] = (0, 0)
+    nlink: int = 0
+    ino: int | None = None
 
 
 @dataclass(slots=True)
@@ -103,5 +122,24 @@ def file_entry(name: str, path: str, info: ObjectInfo) -> Entry:
         return Entry(name, path, EntryKind.FILE, info.size, info.mtime_ns, info.mtime_ns, info.etag)
     mode, uid, gid, mtime_ns, target = parse_metadata(meta)
     mt = info.mtime_ns if mtime_ns is None else mtime_ns
+    ct = time_ns(meta.get(META_CTIME))
     kind = EntryKind.FILE if target is None else EntryKind.SYMLINK
-    return Entry(name, path, kind, info.size, mt, mt, info.etag, mode, uid, gid, target)
+    special, major, minor = parse_special(meta) if target is None else (None, 0, 0)
+    return Entry(
+        name,
+        path,
+        kind,
+        info.size,
+        mt,
+        mt if ct is None else ct,
+        info.etag,
+        mode,
+        uid,
+        gid,
+        target,
+        time_ns(meta.get(META_ATIME)),
+        special,
+        (major, minor),
+        0,
+        parse_ino(meta),
+    )

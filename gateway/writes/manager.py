@@ -136,6 +136,13 @@ class WriteManager:
         with _boundary():
             return await self._objects.copy_in_place(export, entry, changes)
 
+    async def set_dir_attrs(
+        self, export: Export, entry: Entry, changes: Mapping[str, str | None]
+    ) -> Entry:
+        """Store a directory's new attributes on its marker (written if it had none)."""
+        with _boundary():
+            return await self._objects.set_dir_attrs(export, entry, changes)
+
     async def keep_parent(self, export: Export, path: str) -> None:
         """Before removing ``path``: write its parent's marker if the parent would be left
         empty and may have none."""
@@ -146,10 +153,11 @@ class WriteManager:
         with _boundary():
             await self._objects.delete_object(export, path, is_dir=is_dir)
 
-    async def rename_object(self, export: Export, src: str, dst: str) -> Entry:
-        """A file or symlink: server-side copy (metadata kept), then delete the source."""
+    async def rename_object(self, export: Export, entry: Entry, dst: str) -> Entry:
+        """A file or symlink: server-side copy (metadata, mtime and fileid kept), then delete
+        the source."""
         with _boundary():
-            return await self._objects.rename_object(export, src, dst)
+            return await self._objects.rename_object(export, entry, dst)
 
     async def list_tree(self, export: Export, dir_path: str, limit: int) -> list[str] | None:
         """Every key under ``dir_path/`` (its marker included), or None if more than

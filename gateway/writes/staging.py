@@ -35,7 +35,7 @@ import structlog
 from gateway.backend.base import BackendError
 from gateway.data import ObjectReader
 from gateway.errors import Busy, FileTooBig, GatewayError, NotFound, StaleHandle
-from gateway.namespace import META_CREATEVERF, META_MTIME, Entry
+from gateway.namespace import META_CREATEVERF, META_CTIME, META_MTIME, Entry
 from gateway.writes.config import WriteConfig
 from gateway.writes.locks import PathLocks
 from gateway.writes.metadata import MetadataCache
@@ -199,6 +199,7 @@ class Staging:
             if end > old_size and old_size % part:
                 sf.touch(old_size - 1, old_size, part)  # the old last part grows
             sf.meta_changes[META_MTIME] = None
+            sf.meta_changes[META_CTIME] = None  # both are the commit's LastModified
             sf.meta_changes[META_CREATEVERF] = None
             sf.last_write = time.monotonic()
             self.stats.writes += 1
@@ -224,6 +225,7 @@ class Staging:
         lo, hi = min(old, size), max(old, size)
         sf.touch(max(0, lo - 1), hi, part)
         sf.meta_changes[META_MTIME] = None
+        sf.meta_changes[META_CTIME] = None
 
     async def stage_metadata(
         self, export: Export, entry: Entry, changes: Mapping[str, str | None]

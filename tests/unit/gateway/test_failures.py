@@ -134,7 +134,7 @@ async def test_failure_bodies_of_checks(gw: MemoryGateway) -> None:
     assert res.status == NfsStat3.NFS3ERR_INVAL and res.symlink_attributes is not None
     res = await gw.nfs(
         Nfs3Proc.MKNOD,
-        nfs3.Mknod3Args(Diropargs3(d, b"fifo"), nfs3.Mknoddata3(Ftype3.NF3FIFO, Sattr3())),
+        nfs3.Mknod3Args(Diropargs3(d, b"reg"), nfs3.Mknoddata3(Ftype3.NF3REG)),
     )
     assert res.status == NfsStat3.NFS3ERR_NOTSUPP and res.dir_wcc.after is not None
     # MOUNT answers the mountstat3 of the same number
