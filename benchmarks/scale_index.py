@@ -4,6 +4,7 @@ read by an independent client (libnfs, through ``tests/libnfs.py``).
 
     .venv/bin/python benchmarks/scale_index.py [--folders 1000 --per-folder 1281]
         [--epoch-files 200000] [--ttl 5] [--tree DIR] [--out DIR] [--no-ganesha]
+        [--no-immutable] [--small-folders 8]
 
 Owns: the tree (built once with a bounded thread pool under ``--tree``, reused while its
 ``complete.json`` marker matches), the servers' life cycle, the client workload, the table and
@@ -19,6 +20,11 @@ each its own libnfs connection; per file: libnfs ``open`` + one ``pread`` + ``cl
 sends LOOKUP (folder), LOOKUP (file), ACCESS and READ (counted at the gateway; the kernel sends
 LOOKUP, ACCESS and READ, its dentry cache holding the folder), every byte checked; (d) for
 nfsgw, the backend requests and index counters of each phase from its ``/metrics``.
+
+The same gateway with its default settings is measured the same way on a small tree of
+``--small-folders`` folders (default 8 x 1,281 = 10,248 files, every file in each epoch), so
+the run also gives the warm epoch at 1.28M entries against the gateway's own figure at about
+10,000 files (issue 11's second target), in a second table.
 
 nfs-ganesha needs rpcbind. So that nothing reaches the host's, the run re-executes itself in
 private network, mount and PID namespaces (``unshare``, as root) with its own loopback, its own
@@ -630,6 +636,36 @@ def _relists(r: dict[str, Any] | None) -> str:
     return f"{relists:,.0f}{per}"
 
 
+def scale_table(
+    results: dict[str, dict[str, Any] | None], tree: Tree, small: Tree, subset: int
+) -> str:
+    """The default gateway on the small tree against the same on the big one."""
+    a, b = results.get("nfsgw-default-small"), results.get("nfsgw-default")
+    rows: list[tuple[str, Any, int]] = [
+        ("list the tree (READDIRPLUS), us per entry", ("listing", "us_per_entry"), 1),
+        ("RSS per entry after the listing, B", ("rss_per_entry_bytes",), 0),
+        ("epoch 1: files/s", ("epochs", 0, "files_per_s"), 0),
+        ("epoch 2 (warm): files/s", ("epochs", 1, "files_per_s"), 0),
+        ("epoch 2: p50 ms", ("epochs", 1, "p50_ms"), 2),
+        ("epoch 2: p99 ms", ("epochs", 1, "p99_ms"), 2),
+        ("epoch 2: max ms", ("epochs", 1, "max_ms"), 0),
+    ]
+    for r, t in ((a, small), (b, tree)):
+        if r is not None:
+            r["listing"]["us_per_entry"] = r["listing"]["seconds"] / max(1, t.entries) * 1e6
+    small_files = _get(a, "epochs", 0, "files")
+    head = (
+        f"| nfsgw, defaults | {small.folders:,} x {small.per_folder:,} tree "
+        f"({_num(small_files)} files an epoch) | {tree.folders:,} x {tree.per_folder:,} tree "
+        f"({subset:,} files an epoch) | big / small |"
+    )
+    out = [head, "|---|---:|---:|---:|"]
+    for label, path, digits in rows:
+        x, y = _get(a, *path), _get(b, *path)
+        out.append(f"| {label} | {_num(x, digits)} | {_num(y, digits)} | {_ratio(y, x)} |")
+    return "\n".join(out)
+
+
 def table(results: dict[str, dict[str, Any] | None], tree: Tree, subset: int) -> str:
     d, i, g = results.get("nfsgw-default"), results.get("nfsgw-immutable"), results.get("ganesha")
     rows: list[tuple[str, Any, int]] = [
@@ -753,7 +789,17 @@ def run(args: argparse.Namespace, with_ganesha: bool, ganesha_note: str) -> int:
             "entries": tree.entries,
             "build_or_check_s": time.monotonic() - t0,
         }
-        warm = warm_os_caches(tree)
+        small: Tree | None = None
+        if args.small_folders:
+            small_cache = CACHE / f"{args.small_folders}x{args.per_folder}"
+            small = build_tree(small_cache, args.small_folders, args.per_folder, args.build_threads)
+            report["small_tree"] = {
+                "root": str(small.root),
+                "folders": small.folders,
+                "per_folder": small.per_folder,
+                "entries": small.entries,
+            }
+        warm = warm_os_caches(tree) + (warm_os_caches(small) if small is not None else 0.0)
         report["tree"]["os_cache_warm_s"] = warm
         log(f"tree: stat of every entry (OS caches warm for every server) in {warm:.1f} s")
         n = min(args.epoch_files, tree.files)
@@ -767,17 +813,23 @@ def run(args: argparse.Namespace, with_ganesha: bool, ganesha_note: str) -> int:
             log(f"nfsgw: {report['gateway_code']}, run from {src}")
             env = dict(os.environ, PYTHONPATH=str(src))
             os.chdir(src)  # `python -m gateway.ops.cli` finds the package in its cwd first
-            servers: list[Server] = [
-                Nfsgw("nfsgw-default", work, tree, ttl, env),
-                Nfsgw("nfsgw-immutable", work, tree, ["--immutable"], env),
-            ]
+            # (server, its tree, the files of each epoch)
+            runs: list[tuple[Server, Tree, Sequence[int]]] = []
+            if small is not None:
+                small_server = Nfsgw("nfsgw-default-small", work, small, ttl, env)
+                runs.append((small_server, small, range(small.files)))
+            runs.append((Nfsgw("nfsgw-default", work, tree, ttl, env), tree, subset))
+            if not args.no_immutable:
+                immutable = Nfsgw("nfsgw-immutable", work, tree, ["--immutable"], env)
+                runs.append((immutable, tree, subset))
             if with_ganesha:
-                servers.append(Ganesha(work / "ganesha", tree))
+                runs.append((Ganesha(work / "ganesha", tree), tree, subset))
+            servers = [r[0] for r in runs]
             results: dict[str, dict[str, Any] | None] = {}
             try:
-                for s in servers:
+                for s, s_tree, s_subset in runs:
                     try:
-                        results[s.name] = measure(s, tree, subset, args.seed)
+                        results[s.name] = measure(s, s_tree, s_subset, args.seed)
                     except RuntimeError as e:
                         if s.name != "ganesha":
                             raise
@@ -795,6 +847,8 @@ def run(args: argparse.Namespace, with_ganesha: bool, ganesha_note: str) -> int:
                     if p is not None and p.exists():
                         shutil.copy(p, logs / p.name)
         text = table(results, tree, n)
+        if small is not None:
+            text += "\n\n" + scale_table(results, tree, small, n)
         report["runtime_s"] = time.monotonic() - t_start
         report["machine"]["load_average_end"] = os.getloadavg()
         report["table"] = text
@@ -865,6 +919,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tree", type=Path, default=None, help=f"tree cache (default {CACHE}/FxP)")
     p.add_argument("--out", type=Path, default=None, help=f"results (default {CACHE}/results)")
     p.add_argument("--no-ganesha", action="store_true", help="measure nfsgw only")
+    p.add_argument("--no-immutable", action="store_true", help="skip nfsgw --immutable")
+    p.add_argument(
+        "--small-folders",
+        type=int,
+        default=8,
+        help="also the default gateway on a tree of this many folders (0: skip)",
+    )
     p.add_argument(
         "--gateway-rev",
         default=None,

@@ -24,7 +24,9 @@ Conventions:
   ``post_op_fh3`` is ``bytes | None``, ``sattrguard3`` is ``NfsTime3 | None``.
 - Fixed-layout parts (fattr3, post_op_attr, wcc_data, sattr3, post_op_fh3) are encoded by
   ``_<t>(v) -> bytes`` so a reply is concatenated and handed to the Writer in one ``raw`` call;
-  each has exactly one encoder.
+  each has exactly one encoder. READDIR(PLUS) entries also have single-entry encoders for a
+  server's hot path (``pack_entry3``, ``pack_entryplus3`` into ``entries_xdr``), the latter
+  with ``_FATTR3``'s layout fused in, from flat fields (``fattr3_fields``).
 - ``PROCS`` is derived from the names: procedure ``P`` is ``P3Args``/``P3Res`` with
   ``pack_``/``unpack_`` + ``p3args``/``p3res`` (``Nfs3Proc.READDIRPLUS``: ``Readdirplus3Args``,
   ``pack_readdirplus3args``...).
@@ -1183,11 +1185,15 @@ class Entry3:
 
 @dataclass(slots=True)
 class Readdir3Res:
+    """``entries_xdr``: more entries, already encoded (``pack_entry3``), sent after
+    ``entries``; a server fills one or the other, the unpacker only ``entries``."""
+
     status: NfsStat3
     dir_attributes: Fattr3 | None = None  # the only field of the fail arm
     cookieverf: bytes = _ZERO8
     entries: list[Entry3] = field(default_factory=list)
     eof: bool = False
+    entries_xdr: bytes = b""
 
 
 @dataclass(slots=True)
@@ -1210,11 +1216,15 @@ class Entryplus3:
 
 @dataclass(slots=True)
 class Readdirplus3Res:
+    """``entries_xdr``: more entries, already encoded (``pack_entryplus3``), sent after
+    ``entries``; a server fills one or the other, the unpacker only ``entries``."""
+
     status: NfsStat3
     dir_attributes: Fattr3 | None = None  # the only field of the fail arm
     cookieverf: bytes = _ZERO8
     entries: list[Entryplus3] = field(default_factory=list)
     eof: bool = False
+    entries_xdr: bytes = b""
 
 
 # Exact sizes, so a server can fill READDIR ``count`` and READDIRPLUS ``dircount``/``maxcount``
@@ -1254,6 +1264,72 @@ def size_entryplus3_dircount(name_len: int) -> int:
     return 8 + 4 + pad4(name_len) + 8
 
 
+# Encoders of single entries for ``entries_xdr`` (a server's hot path: no Entry3/Entryplus3,
+# Fattr3 or NfsTime3 objects). Each returns exactly the bytes the list loop of
+# ``pack_readdir3res``/``pack_readdirplus3res`` writes for the same entry, so its length is
+# that entry's ``size_entry3``/``size_entryplus3``.
+
+
+def pack_entry3(fileid: int, name: bytes, cookie: int) -> bytes:
+    """One entry3 with its value-follows word."""
+    n = len(name)
+    if n > MAX_NAME:
+        raise XdrError(f"filename3 length {n} exceeds limit {MAX_NAME}")
+    return _ENTRY3[(n + 3) >> 2].pack(1, fileid, n, name, cookie)
+
+
+def fattr3_fields(v: Fattr3) -> tuple[int, ...]:
+    """fattr3's 17 XDR fields in wire order: type mode nlink uid gid size used rdev(2) fsid
+    fileid atime(2) mtime(2) ctime(2), what ``pack_entryplus3`` takes."""
+    rd, at, mt, ct = v.rdev, v.atime, v.mtime, v.ctime
+    return (
+        v.type,
+        v.mode,
+        v.nlink,
+        v.uid,
+        v.gid,
+        v.size,
+        v.used,
+        rd.specdata1,
+        rd.specdata2,
+        v.fsid,
+        v.fileid,
+        at.seconds,
+        at.nseconds,
+        mt.seconds,
+        mt.nseconds,
+        ct.seconds,
+        ct.nseconds,
+    )
+
+
+FATTR3_FILEID: Final = 10  # the fileid's index in ``fattr3_fields``
+# A whole entryplus3 with attributes and a handle, per (padded name, padded handle) length:
+# value follows, fileid3, filename3, cookie3, attributes follow, fattr3, handle follows,
+# nfs_fh3. Made on first use: at most 65 x 17 layouts.
+_ENTRYPLUS3_FULL: dict[tuple[int, int], struct.Struct] = {}
+
+
+def pack_entryplus3(name: bytes, cookie: int, attrs: tuple[int, ...], fh: bytes) -> bytes:
+    """One entryplus3 with its value-follows word, attributes (``attrs``: fattr3's fields,
+    ``fattr3_fields``; the entry's fileid is theirs) and handle ``fh``, in one struct: what
+    lets a server send attributes it has as flat fields without building objects (measured,
+    values to bytes: 1.2 us an entry, 1.35 us through Fattr3/NfsTime3/Entryplus3)."""
+    n = len(name)
+    if n > MAX_NAME:
+        raise XdrError(f"filename3 length {n} exceeds limit {MAX_NAME}")
+    m = len(fh)
+    if m > NFS3_FHSIZE:
+        raise XdrError(f"nfs_fh3 length {m} exceeds limit {NFS3_FHSIZE}")
+    key = ((n + 3) >> 2, (m + 3) >> 2)
+    s = _ENTRYPLUS3_FULL.get(key)
+    if s is None:
+        s = _ENTRYPLUS3_FULL[key] = struct.Struct(
+            f">IQI{4 * key[0]}sQI{_FATTR3.format[1:]}II{4 * key[1]}s"
+        )
+    return s.pack(1, attrs[FATTR3_FILEID], n, name, cookie, 1, *attrs, 1, m, fh)
+
+
 def pack_readdir3args(w: Writer, v: Readdir3Args) -> None:
     w.opaque(v.dir, NFS3_FHSIZE)
     w.u64(v.cookie)
@@ -1280,6 +1356,7 @@ def pack_readdir3res(w: Writer, v: Readdir3Res) -> None:
         if n > MAX_NAME:
             raise XdrError(f"filename3 length {n} exceeds limit {MAX_NAME}")
         b += _ENTRY3[(n + 3) >> 2].pack(1, e.fileid, n, name, e.cookie)
+    b += v.entries_xdr
     b += _U32_2.pack(0, 1 if v.eof else 0)  # end of list, eof
     w.raw(b)
 
@@ -1335,6 +1412,7 @@ def pack_readdirplus3res(w: Writer, v: Readdirplus3Res) -> None:
             b += _ENTRYPLUS3[(n + 3) >> 2].pack(1, e.fileid, n, name, e.cookie, 1)
             b += _fattr3(a)
         b += _post_op_fh3(e.name_handle)
+    b += v.entries_xdr
     b += _U32_2.pack(0, 1 if v.eof else 0)  # end of list, eof
     w.raw(b)
 
