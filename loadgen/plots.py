@@ -1,4 +1,5 @@
-"""PNG plots of a report: images/s per epoch per target, the per-file latency CDF, and backend
+"""PNG plots of a report: images/s per epoch per target (the local-disk target, when there is
+one, as a dashed reference line over each epoch's bars), the per-file latency CDF, and backend
 requests per image by kind. Needs matplotlib (the ``loadgen`` extra); without it the report
 is still written and ``write_plots`` says why there are no pictures.
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadgen.report import KINDS, RunReport
+from loadgen.report import KINDS, RunReport, local_reference
 
 __all__ = ["write_plots"]
 
@@ -31,14 +32,35 @@ def write_plots(run: RunReport, out_dir: str | Path) -> list[Path]:
         return []
     paths: list[Path] = []
     n_epochs = max(len(t.epochs) for t in targets)
-    width = 0.8 / len(targets)
+    local = local_reference(run)
+    barred = [t for t in targets if t is not local] or targets
+    width = 0.8 / len(barred)
 
-    # 1. images/s per epoch per target
+    # 1. images/s per epoch per target, local disk as the reference line
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, t in enumerate(targets):
-        xs = [e.epoch + (i - (len(targets) - 1) / 2) * width for e in t.epochs]
+    for i, t in enumerate(barred):
+        xs = [e.epoch + (i - (len(barred) - 1) / 2) * width for e in t.epochs]
         bars = ax.bar(xs, [e.images_per_s for e in t.epochs], width, label=t.name)
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    if local is not None and local is not barred[0]:
+        for j, e in enumerate(local.epochs):
+            ax.hlines(
+                e.images_per_s,
+                e.epoch - 0.45,
+                e.epoch + 0.45,
+                colors="black",
+                linestyles="dashed",
+                label=("local disk" if local.name == "local" else f"{local.name} (local disk)")
+                if j == 0
+                else "_nolegend_",
+            )
+            ax.annotate(
+                f"{e.images_per_s:.0f}",
+                (e.epoch + 0.45, e.images_per_s),
+                ha="right",
+                va="bottom",
+                fontsize=7,
+            )
     ax.set_xticks(range(1, n_epochs + 1))
     ax.set_xlabel("epoch (1 = cold)")
     ax.set_ylabel("images/s")

@@ -11,6 +11,10 @@ Owns: what every figure means.
 - ``requests_per_image``: backend requests by kind (LIST/HEAD/GET/...) per file read, from
   the delay proxy when there is one (what the store saw), else from the gateway's
   ``nfsgw_s3_requests_total``; both are kept in the JSON.
+- ``vs local disk`` (``vs_local``): a target's images/s as a fraction of the local-disk
+  target's (``local:DIR``, the first one) in the same epoch; the column is there when a run
+  has a local target. The local tree is evicted from the page cache before its set-up, so
+  its epoch 1 reads the disk and epoch 2 the page cache, as a gateway's cold and warm epochs.
 - ``au``: accelerator utilisation in the MLPerf Storage sense, AU = compute / (compute +
   data stall), estimated per node from when each batch was complete: the node's accelerator
   takes batches in order, each needs ``compute_s`` (default DLIO's ResNet-50: 0.103 s per
@@ -43,8 +47,10 @@ __all__ = [
     "build_epoch",
     "build_setup",
     "cdf_points",
+    "local_reference",
     "percentile",
     "to_markdown",
+    "vs_local",
 ]
 
 DEFAULT_COMPUTE_S = 0.103
@@ -119,7 +125,9 @@ class EpochReport:
 class TargetReport:
     name: str
     url: str
-    kind: str  # "nfsgw" (started by loadgen) or "nfs" (any NFSv3 server)
+    # "nfsgw" (started by loadgen), "nfs" (any NFSv3 server), "local" (local:DIR), "peer"
+    # (another S3-to-NFS server started by loadgen, e.g. rclone serve nfs)
+    kind: str
     options: list[str] = field(default_factory=list)
     setup: SetupReport | None = None
     epochs: list[EpochReport] = field(default_factory=list)
@@ -258,20 +266,42 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v * 100:.0f} %"
 
 
+def local_reference(run: RunReport) -> TargetReport | None:
+    """The run's local-disk target (the first ``local`` one with epochs), if any."""
+    return next((t for t in run.targets if t.kind == "local" and t.epochs), None)
+
+
+def vs_local(run: RunReport, epoch: EpochReport) -> float | None:
+    """``epoch``'s images/s as a fraction of the local target's in the same epoch."""
+    ref = local_reference(run)
+    if ref is None:
+        return None
+    same = next((e for e in ref.epochs if e.epoch == epoch.epoch), None)
+    if same is None or same.images_per_s <= 0:
+        return None
+    return epoch.images_per_s / same.images_per_s
+
+
 def to_markdown(run: RunReport) -> str:
     """The side-by-side table (one row per target and epoch) plus a short legend."""
+    local = local_reference(run) is not None
     lines = [
-        "| target | epoch | images/s | MB/s | p50 ms | p95 ms | p99 ms "
+        "| target | epoch | images/s | "
+        + ("vs local disk | " if local else "")
+        + "MB/s | p50 ms | p95 ms | p99 ms "
         "| LIST/img | HEAD/img | GET/img | data hit | meta hit | AU |",
-        "| --- |" + " ---: |" * 12,
+        "| --- |" + " ---: |" * (12 + local),
     ]
     for t in run.targets:
         if t.error is not None and not t.epochs:
-            lines.append(f"| {t.name} | failed: {t.error.splitlines()[0][:80]} |" + " |" * 11)
+            fail = t.error.splitlines()[0][:80]
+            lines.append(f"| {t.name} | failed: {fail} |" + " |" * (11 + local))
             continue
         for e in t.epochs:
             r = e.requests_per_image or {}
             c = e.cache or {}
+            v = vs_local(run, e)
+            ratio = ["-" if v is None else f"{v:.2f}x"] if local else []
             lines.append(
                 "| "
                 + " | ".join(
@@ -279,6 +309,7 @@ def to_markdown(run: RunReport) -> str:
                         t.name,
                         str(e.epoch) + ("*" if e.includes_setup_requests else ""),
                         _f(e.images_per_s, ".0f"),
+                        *ratio,
                         _f(e.mb_per_s, ".1f"),
                         _f(e.latency_ms.get("p50"), ".2f"),
                         _f(e.latency_ms.get("p95"), ".2f"),
@@ -315,6 +346,12 @@ def to_markdown(run: RunReport) -> str:
         "gateway's data cache and metadata index. AU: accelerator utilisation estimate "
         f"(compute {run.compute_s:g} s per batch; MLPerf Storage passes at >= 90 %).",
     ]
+    if local:
+        legend.append(
+            "vs local disk: images/s as a fraction of the local-disk row's in the same epoch "
+            "(its epoch 1 reads the disk: the tree is evicted from the page cache first; "
+            "epoch 2 reads the page cache)."
+        )
     for t in run.targets:
         if t.setup is not None:
             s = t.setup

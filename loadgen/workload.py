@@ -22,7 +22,9 @@ Per-file RPC patterns (``WorkloadSpec.pattern``):
   the first open of a file costs LOOKUP + ACCESS (the LOOKUP's attributes are fresh, so no
   GETATTR), later opens GETATTR; then READ like ``kernel``.
 
-A file whose size or sha256 differs from the manifest fails the run (``DataMismatch``).
+A target is an ``nfs://`` URL or ``local:DIR`` (``loadgen.localfs``: the same calls answered
+with system calls on a local directory, the yardstick every report can carry). A file whose
+size or sha256 differs from the manifest fails the run (``DataMismatch``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from loadgen.dataset import Manifest, ManifestEntry
+from loadgen.localfs import LocalClient, is_local
 from loadgen.nfsclient import ACCESS_FILE_READ, NfsClient, NfsError, RpcError
 from nfsproto import nfs3
 
@@ -189,7 +192,7 @@ class Node:
             entries = entries[: spec.max_files]
         self.expected: list[ManifestEntry] = entries
         self.samples: list[_Sample] = []
-        self.client: NfsClient | None = None
+        self.client: NfsClient | LocalClient | None = None
         self.rsize = 0
         self._opened: set[int] = set()  # sample indices this node has opened (access cache)
         self._dentries: dict[str, bytes] = {}  # directory path -> handle
@@ -198,9 +201,14 @@ class Node:
     async def setup(self) -> SetupPart:
         t0 = time.perf_counter()
         spec = self.spec
-        self.client = c = await NfsClient.connect(
-            spec.target, nconnect=spec.nconnect, timeout_s=spec.timeout_s
-        )
+        c: NfsClient | LocalClient
+        if is_local(spec.target):  # local disk, the yardstick: the same calls, system calls
+            c = await LocalClient.open(spec.target, threads=spec.workers, timeout_s=spec.timeout_s)
+        else:
+            c = await NfsClient.connect(
+                spec.target, nconnect=spec.nconnect, timeout_s=spec.timeout_s
+            )
+        self.client = c
         rt = c.fsinfo.rtpref or c.fsinfo.rtmax or (1 << 20)
         self.rsize = min(spec.rsize or rt, c.fsinfo.rtmax or rt)
         if spec.pattern == "manifest":
