@@ -2,12 +2,13 @@
 ``nfsgw --workers 2`` and by nfs-ganesha (FSAL_VFS) from the same local folder, in one run.
 
     .venv/bin/python benchmarks/workers.py [--files 10000] [--size 110000] [--clients 8]
-        [--epochs 3] [--tree DIR] [--no-ganesha]
+        [--epochs 3] [--tree DIR] [--no-ganesha] [--disk-tier]
 
 The tree: ``--files`` files of about ``--size`` bytes (deterministic contents) in 100 folders,
 written once under ``--tree`` (default /var/tmp/nfsgw-workers/FILESxSIZE) and reused. Every
 server exports that folder read-only (nfsgw: ``--export /data=file://TREE --read-only``, its
-defaults otherwise, ``--workers`` as said). The client is independent of the gateway: libnfs
+defaults otherwise, ``--workers`` as said; with ``--disk-tier`` each gateway also gets a fresh
+``--cache-dir``, the disk tier its workers share). The client is independent of the gateway: libnfs
 (``tests/libnfs.py``), ``--clients`` threads each with its own connection (so several
 connections reach each worker: SO_REUSEPORT spreads them), reading every file whole with one
 ``open`` + ``read`` + ``close`` per file (LOOKUP, ACCESS, READ on the wire), every byte
@@ -33,6 +34,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,8 +49,10 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # a sibling script, as mypy names it
 
-from benchmarks.scale_index import Ganesha, _enter_namespace, _ganesha_prereqs, log  # noqa: E402
+from scale_index import Ganesha, _enter_namespace, _ganesha_prereqs, log  # noqa: E402
+
 from loadgen.gwprocess import GatewayProcess  # noqa: E402
 from tests.libnfs import LibNfs  # noqa: E402
 
@@ -101,14 +105,20 @@ class Server(Protocol):
 
 
 class Nfsgw:
-    def __init__(self, work: Path, tree: Tree, workers: int) -> None:
+    def __init__(self, work: Path, tree: Tree, workers: int, disk: bool) -> None:
         self.name = f"nfsgw --workers {workers}"
         self.workers = workers
+        sections: dict[str, dict[str, object]] = {}
+        if disk:  # a fresh disk tier: epoch 1 is cold for every gateway
+            cache_dir = work / f"cache-w{workers}"
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            sections["server"] = {"cache_dir": str(cache_dir)}
         self.gw = GatewayProcess(
             work,
             [{"path": "/data", "backend": f"file://{tree.root}", "read_only": True}],
             name=f"nfsgw-w{workers}",
             workers=workers,
+            sections=sections,
         )
 
     def start(self) -> None:
@@ -259,7 +269,10 @@ def run(args: argparse.Namespace, ganesha: bool, note: str) -> int:
     tree = build_tree(tree_dir, args.files, args.size)
     work = CACHE / "work"
     work.mkdir(parents=True, exist_ok=True)
-    servers: list[Server] = [Nfsgw(work, tree, 1), Nfsgw(work, tree, 2)]
+    servers: list[Server] = [
+        Nfsgw(work, tree, 1, args.disk_tier),
+        Nfsgw(work, tree, 2, args.disk_tier),
+    ]
     if ganesha:
         servers.append(Ganesha(work / "ganesha", tree))  # type: ignore[arg-type]
     results: dict[str, list[Epoch]] = {}
@@ -301,6 +314,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tree", type=Path, default=None)
     p.add_argument("--no-ganesha", action="store_true")
+    p.add_argument(
+        "--disk-tier", action="store_true", help="give each gateway a (fresh) --cache-dir"
+    )
     p.add_argument("--inside-namespace", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 

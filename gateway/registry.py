@@ -16,12 +16,13 @@ import structlog
 
 from gateway.data import ObjectReader
 from gateway.dispatch import CallContext
+from gateway.drc import DrcConfig
 from gateway.errors import AccessDenied, CrossDevice, NotFound, StaleHandle
 from gateway.exports import Export, Mount
 from gateway.namespace import Entry
-from gateway.namespace.handles import HandleCodec
+from gateway.namespace.resolve import Handles
 from gateway.policy import check_client, squash
-from gateway.settings import MiB, setting, size
+from gateway.settings import INLINE, MiB, setting, size
 from gateway.writes import WriteManager
 from nfsproto.nfs3 import MAX_DATA
 
@@ -35,7 +36,9 @@ MAX_IO: Final = min(MAX_DATA, 1 * MiB)  # the Linux client's largest rsize/wsize
 @dataclass(frozen=True, slots=True)
 class NfsConfig:
     """What handlers read of the configuration: the READ/WRITE sizes offered to clients
-    (FSINFO), keys of the ``[server]`` table of ``nfsgw.toml`` (declared here)."""
+    (FSINFO), keys of the ``[server]`` table of ``nfsgw.toml`` (declared here); and the
+    duplicate-request cache's bounds (``drc_*``, declared in ``gateway.drc``), which the
+    server hands to the dispatcher."""
 
     rsize: int = field(
         default=MAX_IO,
@@ -45,6 +48,8 @@ class NfsConfig:
         default=MAX_IO,
         metadata=setting(size(IO_MULT, MAX_IO), "WRITE size offered to clients (FSINFO wtmax)"),
     )
+    # The duplicate-request cache's bounds (gateway.drc): drc_* keys of [server].
+    drc: DrcConfig = field(default_factory=DrcConfig, metadata=INLINE)
 
 
 @dataclass(slots=True)
@@ -62,7 +67,7 @@ class GatewayStats:
 @dataclass(slots=True)
 class Gateway:
     config: NfsConfig
-    handles: HandleCodec
+    handles: Handles
     reader: ObjectReader
     # Staged writes and object mutations (gateway.writes); built by the composition root.
     writes: WriteManager
@@ -112,7 +117,7 @@ class Gateway:
         or foreign one BADHANDLE. ``current``: past the TTL, the answer of the re-list
         it starts once that has passed the name, never a wait for the whole re-list (see
         ``Namespace.getattr``)."""
-        export_id, path = await self.handles.decode(fh)
+        export_id, path, form, payload = self.handles.peek(fh)
         export = self.exports.get(export_id)
         if export is None:
             raise StaleHandle(f"no export with id {export_id}")
@@ -126,6 +131,8 @@ class Gateway:
                 raise
             squash(ctx, export.cfg)
             ctx.export_id = export_id
+        if path is None:  # a hashed handle not resolved here lately: after the client check
+            path = await self.handles.resolve(export_id, form, payload, export.ns)
         try:
             entry = await export.ns.getattr(path, current=current)
         except NotFound:
@@ -133,13 +140,9 @@ class Gateway:
         return export, entry
 
     def handle_for(self, export: Export, path: str) -> bytes:
-        """A handle for ``path`` (synchronous). A long path's handle is only durable after
-        ``persist_handles``: handlers that hand out handles await it before replying."""
+        """A handle for ``path`` (synchronous, stateless: any gateway with the secret
+        resolves it)."""
         return self.handles.encode(export.id, path)
-
-    async def persist_handles(self) -> None:
-        if self.handles.needs_flush:
-            await self.handles.flush()
 
     def deny(self, ctx: CallContext, e: Entry, why: str) -> None:
         """Count (and log at debug) a permission refusal."""

@@ -63,6 +63,7 @@ import math
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Final, Literal
 
 import structlog
@@ -72,9 +73,9 @@ from gateway.clock import Clock
 from gateway.errors import NameTooLong, NotDirectory, NotFound, StaleHandle, from_backend
 from gateway.namespace.config import NamespaceConfig
 from gateway.namespace.cookies import Verifiers
+from gateway.namespace.dirattrs import DirAttrs
 from gateway.namespace.directory import Directory, Fresh
 from gateway.namespace.entries import (
-    DIR_SIZE,
     DirPage,
     Entry,
     EntryKind,
@@ -82,6 +83,7 @@ from gateway.namespace.entries import (
     file_entry,
 )
 from gateway.namespace.listing import Listing, reached, targeted_lookup
+from gateway.namespace.moved import Moved
 from gateway.namespace.paths import NAME_MAX, bad_name, join_path, key_order, split_path
 
 log = structlog.get_logger(__name__)
@@ -120,6 +122,9 @@ class Namespace:
         self._dir_times: OrderedDict[str, int] = OrderedDict()
         self._verifiers = Verifiers(self._start_ns)
         self._probing: dict[tuple[str, str], asyncio.Task[Entry | None]] = {}
+        # Directory attributes from marker metadata, and renamed files (silly renames).
+        self.dir_attrs = DirAttrs(cfg.dir_times_max)
+        self.moved = Moved(cfg.dir_times_max)
         self._root = self._dir_entry("", "")
 
     # -- public API ----------------------------------------------------------------------------
@@ -135,6 +140,9 @@ class Namespace:
         parent, name = split_path(path)
         e = await self._lookup_in(self._dir(parent), name, current=current)
         if e is None:
+            moved = self.moved.target(path)  # a handle of a file renamed since (``moved``)
+            if moved is not None:
+                return await self.getattr(moved, current=current)
             raise NotFound(path)
         return e
 
@@ -220,6 +228,8 @@ class Namespace:
             rel = item.key[len(self.prefix) :]
             if rel.endswith("/"):
                 path = rel[:-1]
+                if item.metadata:
+                    self._marker(path, item.metadata)
                 entry = self._dir_entry(split_path(path)[1], path)
             else:
                 entry = file_entry(split_path(rel)[1], rel, item)
@@ -242,6 +252,7 @@ class Namespace:
         parent, name = split_path(path)
         self._set_child(parent, name, None)
         self._forget_subtree(path)
+        self.dir_attrs.forget(path)
 
     def invalidate(self, path: str, subtree: bool = False) -> None:
         """Something changed at ``path`` in a way the caller cannot describe: the parent's and
@@ -536,7 +547,15 @@ class Namespace:
 
     def _dir_entry(self, name: str, path: str) -> Entry:
         t = self._dir_times.get(path, self._start_ns)
-        return Entry(name, path, EntryKind.DIR, DIR_SIZE, t, t, "")
+        return self.dir_attrs.entry(name, path, t, self._dirs.get(path))
+
+    def _marker(self, path: str, metadata: Mapping[str, str]) -> None:
+        """Directory ``path``'s marker carries ``metadata`` (``dirattrs``); an explicit mtime
+        there is the directory's time until its next change."""
+        mtime = self.dir_attrs.record(path, metadata)
+        if mtime is not None:
+            self._dir_times[path] = mtime
+            self._dir_times.move_to_end(path)
 
     # -- mutations -----------------------------------------------------------------------------
 

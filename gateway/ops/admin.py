@@ -364,6 +364,7 @@ def stats_snapshot(served: Served, gw: Gateway, m: Metrics, warmups: Warmups) ->
             "budget_bytes": gw.reader.cache.budget_bytes,
             "hit_ratio": round(data.get("hits", 0) / lookups, 4) if lookups else None,
         },
+        "disk_cache": _disk_snapshot(m.totals("disk")),
         "metadata": {k: int(v) for k, v in m.totals("namespace").items()},
         "security": {k: int(v) for k, v in gws.items() if k != "files_opened"},
         "exports": exports,
@@ -374,6 +375,14 @@ def stats_snapshot(served: Served, gw: Gateway, m: Metrics, warmups: Warmups) ->
             "last_errors": served.last_reload_error,
         },
     }
+
+
+def _disk_snapshot(disk: dict[str, float]) -> dict[str, Any]:
+    """The disk tier's counters and its hit ratio among the lookups that missed memory."""
+    looked = disk.get("hits", 0) + disk.get("misses", 0)
+    out: dict[str, Any] = {k: int(v) for k, v in disk.items()}
+    out["hit_ratio"] = round(disk.get("hits", 0) / looked, 4) if looked else None
+    return out
 
 
 def _fields(stats: Any) -> Iterable[tuple[str, int]]:

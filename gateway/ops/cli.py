@@ -119,7 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_client_flags(w)
     w.add_argument("path", help="/EXPORT/DIR to warm")
-    w.add_argument("--data", action="store_true", help="also read every file into the cache")
+    w.add_argument(
+        "--data",
+        action="store_true",
+        help="also fetch every file: into the disk tier when there is one (stops at its "
+        "budget; files already there are skipped, so a second run resumes), else into memory",
+    )
     w.add_argument("--concurrency", type=int, default=8, help="backend requests at once")
     w.add_argument("--no-wait", action="store_true", help="start the job and return")
     inv = sub.add_parser("invalidate", help="make the gateway forget cached metadata of a path")
@@ -326,6 +331,15 @@ def _stats(a: argparse.Namespace) -> int:
         f"hits {dc.get('hits', 0)}, misses {dc.get('misses', 0)} (hit ratio {dc['hit_ratio']}), "
         f"evictions {dc.get('evictions', 0)}, read-ahead blocks {dc.get('readahead_blocks', 0)}"
     )
+    dk = s.get("disk_cache") or {}
+    if dk.get("enabled"):
+        out.append(
+            f"disk cache: {_human(dk['used_bytes'])} of {_human(dk['budget_bytes'])} "
+            f"({dk['entries']} entries, {_human(dk['fs_free_bytes'])} free on its filesystem), "
+            f"hits {dk['hits']}, misses {dk['misses']} (hit ratio {dk['hit_ratio']}), "
+            f"evictions {dk['evictions']}, corrupt {dk['corrupt']}, "
+            f"errors {dk['read_errors'] + dk['write_errors']}"
+        )
     out.append(
         f"metadata: {md.get('dirs', 0)} dirs, {md.get('entries', 0)} entries, "
         f"{_human(md.get('bytes', 0))}; hits {md.get('hits', 0)}, negative "
@@ -343,11 +357,29 @@ def _stats(a: argparse.Namespace) -> int:
     return 0
 
 
+def _progress(j: dict[str, Any]) -> str:
+    """A data warm-up's bar, share and ETA ("ETA >=" while it is still listing)."""
+    if not j.get("data") or "target_bytes" not in j:
+        return ""
+    done = j["bytes_read"] + j["bytes_cached"]
+    target = min(j["bytes_seen"], j["target_bytes"]) if j["target_bytes"] else j["bytes_seen"]
+    frac = min(1.0, done / target) if target else float(j["state"] == "done")
+    n = int(frac * 20)
+    eta = j.get("eta_s")
+    when = "" if eta is None else f", ETA {'>= ' if j.get('listing') else ''}{eta:.0f} s"
+    return f"[{'#' * n}{'.' * (20 - n)}] {frac:4.0%} of {_human(target)}{when} "
+
+
 def _job_line(j: dict[str, Any]) -> str:
-    data = f", {j['files_read']} files / {_human(j['bytes_read'])} read" if j["data"] else ""
+    data = ""
+    if j["data"]:
+        data = f", {j['files_read']} files / {_human(j['bytes_read'])} read"
+        if j.get("tier"):
+            data += f" into {j['tier']}, {j.get('files_cached', 0)} already cached"
     err = f", error: {j['error']}" if j.get("error") else ""
+    err += f", stopped: {j['stopped']}" if j.get("stopped") else ""
     return (
-        f"warmup #{j['id']} {j['path']}: {j['state']}, {j['dirs_listed']} dirs, "
+        f"{_progress(j)}warmup #{j['id']} {j['path']}: {j['state']}, {j['dirs_listed']} dirs, "
         f"{j['files_seen']} files ({_human(j['bytes_seen'])}){data}, {j['errors']} errors, "
         f"{j['elapsed_s']:.1f} s{err}"
     )
@@ -361,16 +393,22 @@ def _warmup(a: argparse.Namespace) -> int:
             f"nfsgw: warmup refused ({code}): {job.get('error') if job else job}", file=sys.stderr
         )
         return 1
-    print(_job_line(job))
+    tty = sys.stdout.isatty()  # on a terminal the progress line is redrawn in place
+    print(_job_line(job), end="" if tty and not a.no_wait else "\n", flush=True)
     if a.no_wait:
         return 0
     while job["state"] == "running":
         time.sleep(1.0)
         code, job = _call(a, "GET", f"/v1/warmup/{job['id']}")
         if code != 200:
-            print(f"nfsgw: lost the warm-up ({code})", file=sys.stderr)
+            print(f"\nnfsgw: lost the warm-up ({code})", file=sys.stderr)
             return 1
-        print(_job_line(job))
+        line = _job_line(job)
+        print(f"\r{line}\x1b[K" if tty else line, end="", flush=True)
+        if not tty:
+            print()
+    if tty:
+        print()
     return 0 if job["state"] == "done" else 1
 
 

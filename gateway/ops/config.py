@@ -171,7 +171,10 @@ class ServerSettings:
     cache_dir: Path | None = field(
         default=None,
         metadata=setting(
-            abs_path, "local cache directory (e.g. /var/cache/nfsgw)", flag="--cache-dir"
+            abs_path,
+            "the data cache's disk tier (e.g. /var/cache/nfsgw)",
+            flag="--cache-dir",
+            default_text="$CACHE_DIRECTORY (systemd CacheDirectory=), else none: memory only",
         ),
     )
     max_connections: int = field(

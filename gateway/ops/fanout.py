@@ -122,6 +122,8 @@ _RATIOS: Final = {
     "backend_requests_per_file_opened": (("backend", "requests_total"), ("files_opened",)),
 }
 
+_DISK_SHARED: Final = ("enabled", "used_bytes", "budget_bytes", "entries", "fs_free_bytes")
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SampleKey = tuple[str, str, tuple[tuple[str, str], ...]]  # family, sample name, labels
 
@@ -503,6 +505,13 @@ def merge_snapshots(snaps: list[dict[str, Any]]) -> dict[str, Any]:
     if isinstance(cache, dict):
         looked = cache.get("hits", 0) + cache.get("misses", 0)
         cache["hit_ratio"] = round(cache.get("hits", 0) / looked, 4) if looked else None
+    disk = merged.get("disk_cache")
+    if isinstance(disk, dict):
+        # One tier shared by every worker: its sizes are the same in each, not a sum.
+        for k in _DISK_SHARED:
+            disk[k] = max((s.get("disk_cache", {}).get(k, 0) for s in snaps), default=0)
+        looked = disk.get("hits", 0) + disk.get("misses", 0)
+        disk["hit_ratio"] = round(disk.get("hits", 0) / looked, 4) if looked else None
     return merged
 
 

@@ -8,7 +8,7 @@ and READs at offset 0 as files opened, so "backend requests per file opened" rea
 
 The hot path pays plain integer increments, never a lock: RPC and backend latencies go into
 ``_Hist`` (a list of bucket counts per label set, found with one ``bisect``); the layers below
-keep plain stats objects (``ConnectionStats``, ``GatewayStats``, ``DataStats``,
+keep plain stats objects (``ConnectionStats``, ``GatewayStats``, ``DataStats``, ``DiskStats``,
 ``NamespaceStats``, ``WriteStats``, ``WarmupStats``, and ``ServerStats`` filled by the server),
 registered here under a layer name with ``add_stats``; a collector turns them into metric
 families at scrape time, from the table. A stats object whose fields do not match the table's
@@ -201,6 +201,27 @@ METRICS: tuple[MetricDef, ...] = (
     _M("nfsgw_records_rejected_total", COUNTER,
        "RPC records over max_record (their connection was closed)", (),
        _F("conn", "oversized")),
+    # -- duplicate-request cache: drc.DrcStats -------------------------------------------------
+    _M("nfsgw_drc_hits_total", COUNTER,
+       "Retransmitted non-idempotent calls answered with the original's kept reply", (),
+       _F("drc", "hits")),
+    _M("nfsgw_drc_waits_total", COUNTER,
+       "Retransmitted calls that waited for the original still running, then got its reply",
+       (), _F("drc", "waits")),
+    _M("nfsgw_drc_stored_total", COUNTER, "Replies of non-idempotent calls kept", (),
+       _F("drc", "stored")),
+    _M("nfsgw_drc_bypassed_total", COUNTER,
+       "Non-idempotent calls run uncached (every cache slot held a running call)", (),
+       _F("drc", "bypassed")),
+    _M("nfsgw_drc_evictions_total", COUNTER,
+       "Kept replies dropped, for space (drc_max_entries, drc_memory) or age (drc_max_age_s)",
+       ("reason",), PerLabel("drc", (("space", "evicted_space"), ("age", "evicted_age")))),
+    _M("nfsgw_drc_entries", GAUGE, "Entries in the duplicate-request cache (running included)",
+       (), _F("drc", "entries")),
+    _M("nfsgw_drc_running", GAUGE, "Non-idempotent calls running in the cache", (),
+       _F("drc", "running")),
+    _M("nfsgw_drc_bytes", GAUGE, "Bytes charged to the duplicate-request cache", (),
+       _F("drc", "bytes")),
     # -- exports and access: registry.GatewayStats --------------------------------------------
     _M("nfsgw_files_opened_total", COUNTER,
        "READs at offset 0: files opened and read (NFSv3 has no OPEN)", (),
@@ -218,7 +239,8 @@ METRICS: tuple[MetricDef, ...] = (
     _M("nfsgw_data_cache_hits_total", COUNTER, "READ block lookups served from memory", (),
        _F("data", "hits")),
     _M("nfsgw_data_cache_misses_total", COUNTER,
-       "READ block lookups that waited for a backend fetch", (), _F("data", "misses")),
+       "READ block lookups that missed memory (served from the disk tier or a backend fetch)",
+       (), _F("data", "misses")),
     _M("nfsgw_data_cache_joined_total", COUNTER, "Misses that joined a fetch already in flight",
        (), _F("data", "joined")),
     _M("nfsgw_data_cache_hit_bytes_total", COUNTER, "READ payload bytes served from memory", (),
@@ -255,6 +277,53 @@ METRICS: tuple[MetricDef, ...] = (
        _F("data", "queued_inflight")),
     _M("nfsgw_data_pending_fetch_bytes", GAUGE, "Bytes requested by fetches running or queued",
        (), _F("data", "pending_fetch_bytes")),
+    # -- disk tier: data.DiskStats (per worker; gauges are each worker's view of the shared
+    #    directory: aggregate them with max) ---------------------------------------------------
+    _M("nfsgw_disk_cache_hits_total", COUNTER,
+       "Block lookups that missed memory and were served from a verified disk entry", (),
+       _F("disk", "hits")),
+    _M("nfsgw_disk_cache_misses_total", COUNTER,
+       "Block lookups that missed memory and disk (a backend GET follows)", (),
+       _F("disk", "misses")),
+    _M("nfsgw_disk_cache_hit_bytes_total", COUNTER, "Bytes read from disk entries", (),
+       _F("disk", "bytes_hit")),
+    _M("nfsgw_disk_cache_writes_total", COUNTER, "Entries published to the disk tier", (),
+       _F("disk", "writes")),
+    _M("nfsgw_disk_cache_written_bytes_total", COUNTER, "Body bytes published to the disk tier",
+       (), _F("disk", "bytes_written")),
+    _M("nfsgw_disk_cache_corrupt_total", COUNTER,
+       "Disk entries that failed verification (size, header, identity or checksum): dropped "
+       "and fetched again", (), _F("disk", "corrupt")),
+    _M("nfsgw_disk_cache_errors_total", COUNTER,
+       "Cache-file I/O errors by operation (the READ was served from the backend)", ("op",),
+       PerLabel("disk", (("read", "read_errors"), ("write", "write_errors")))),
+    _M("nfsgw_disk_cache_evictions_total", COUNTER, "Disk entries deleted for space", (),
+       _F("disk", "evictions")),
+    _M("nfsgw_disk_cache_evicted_bytes_total", COUNTER, "Bytes of disk entries deleted for space",
+       (), _F("disk", "evicted_bytes")),
+    _M("nfsgw_disk_cache_rejected_total", COUNTER,
+       "Publishes refused by the admission filter (the tier is full of more frequent entries)",
+       (), _F("disk", "rejected")),
+    _M("nfsgw_disk_cache_refused_total", COUNTER,
+       "Publishes refused: full (filesystem below disk_min_free, or a write just failed), "
+       "backlog (too many bytes waiting to be written), budget (warm-ups never evict)",
+       ("reason",), PerLabel("disk", (("full", "refused_full"), ("backlog", "refused_backlog"),
+                                     ("budget", "refused_budget")))),
+    _M("nfsgw_disk_cache_scans_total", COUNTER, "Scans of the cache directory", (),
+       _F("disk", "scans")),
+    _M("nfsgw_disk_cache_enabled", GAUGE, "1 when the disk tier is on", (),
+       _F("disk", "enabled")),
+    _M("nfsgw_disk_cache_bytes", GAUGE,
+       "Bytes of disk entries (4 KiB rounded), as this worker last saw the directory", (),
+       _F("disk", "used_bytes")),
+    _M("nfsgw_disk_cache_budget_bytes", GAUGE, "Disk tier budget", (),
+       _F("disk", "budget_bytes")),
+    _M("nfsgw_disk_cache_entries", GAUGE, "Disk entries, as this worker last saw the directory",
+       (), _F("disk", "entries")),
+    _M("nfsgw_disk_cache_fs_free_bytes", GAUGE,
+       "Free bytes of the cache filesystem at the last check", (), _F("disk", "fs_free_bytes")),
+    _M("nfsgw_disk_cache_pending_write_bytes", GAUGE, "Bytes waiting to be written to disk", (),
+       _F("disk", "pending_write_bytes")),
     # -- directory index: namespace.NamespaceStats, summed over exports -----------------------
     _M("nfsgw_metadata_lookups_total", COUNTER, "Name lookups in the index", (),
        _F("namespace", "lookups")),
@@ -293,6 +362,30 @@ METRICS: tuple[MetricDef, ...] = (
        _F("namespace", "entries")),
     _M("nfsgw_metadata_cache_dirs", GAUGE, "Directories in the index", (),
        _F("namespace", "dirs")),
+    # -- file handles: namespace.resolve.HandleStats ------------------------------------------
+    _M("nfsgw_handle_walks_total", COUNTER,
+       "Walks from an export's root for a directory hash this gateway did not know (a handle "
+       "issued by another gateway or before a restart)", (), _F("handles", "walks")),
+    _M("nfsgw_handle_walk_dirs_total", COUNTER, "Directories listed by handle walks", (),
+       _F("handles", "walk_dirs")),
+    _M("nfsgw_handle_walks_truncated_total", COUNTER, "Handle walks stopped at their bound", (),
+       _F("handles", "walks_truncated")),
+    _M("nfsgw_handle_walk_misses_total", COUNTER,
+       "Directory hashes a walk did not find (the handle is STALE)", (),
+       _F("handles", "walk_misses")),
+    _M("nfsgw_handle_dir_scans_total", COUNTER,
+       "Directories whose long names were hashed to resolve a hashed handle", (),
+       _F("handles", "dir_scans")),
+    _M("nfsgw_handle_collisions_total", COUNTER,
+       "Hash collisions seen (two paths, one hash) and handles refused as ambiguous", (),
+       _F("handles", "collisions")),
+    _M("nfsgw_handle_legacy_lookups_total", COUNTER,
+       "Handles of the old mapped form read from an old gateway's map", (),
+       _F("handles", "legacy_lookups")),
+    _M("nfsgw_handle_dir_hashes", GAUGE, "Directories known by hash (bounded map)", (),
+       _F("handles", "dir_hashes")),
+    _M("nfsgw_handle_hashed_cached", GAUGE, "Hashed handles whose path is cached (bounded)", (),
+       _F("handles", "hashed_cached")),
     # -- writes: writes.WriteStats ------------------------------------------------------------
     _M("nfsgw_writes_writes_total", COUNTER, "WRITE calls staged in the spool", (),
        _F("writes", "writes")),
@@ -358,8 +451,9 @@ METRICS: tuple[MetricDef, ...] = (
        _F("warmup", "dirs")),
     _M("nfsgw_warmup_files_total", COUNTER, "Files seen by warm-ups", (),
        _F("warmup", "files")),
-    _M("nfsgw_warmup_read_bytes_total", COUNTER, "Bytes read into the data cache by warm-ups",
-       (), _F("warmup", "bytes_read")),
+    _M("nfsgw_warmup_read_bytes_total", COUNTER,
+       "Bytes fetched by data warm-ups (into the disk tier, else memory)", (),
+       _F("warmup", "bytes_read")),
     # -- workers: forward.RouteStats (a worker other than the owner) ---------------------------
     _M("nfsgw_routed_calls_total", COUNTER,
        "Calls for read-write exports passed to the owner worker", (), _F("route", "routed")),
@@ -384,7 +478,17 @@ SUPERVISOR_METRICS: tuple[MetricDef, ...] = (
 )  # fmt: skip
 
 # Gauges every worker reports alike (one host-wide amount): merged with max, not summed.
-MERGE_MAX: frozenset[str] = frozenset({"nfsgw_exports"})
+MERGE_MAX: frozenset[str] = frozenset(
+    {
+        "nfsgw_exports",
+        # the one disk tier of the host, as each worker last saw it
+        "nfsgw_disk_cache_enabled",
+        "nfsgw_disk_cache_bytes",
+        "nfsgw_disk_cache_budget_bytes",
+        "nfsgw_disk_cache_entries",
+        "nfsgw_disk_cache_fs_free_bytes",
+    }
+)
 
 
 def _field_refs(src: Source) -> Iterator[tuple[str, str]]:

@@ -33,13 +33,16 @@ from gateway import pmap_client
 from gateway.backend import open_store, parse_store_url
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.clock import Clock, SystemClock
-from gateway.data import DataCache, DataStats, ObjectReader
+from gateway.data import DataCache, DataStats, DiskStats, ObjectReader, open_disk_tier
 from gateway.dispatch import Dispatcher
+from gateway.drc import DuplicateRequestCache
 from gateway.exports import Export, ExportConfig, export_id_for
 from gateway.forward import OwnerLink, Router, serve_owner_link
 from gateway.handlers import register_all
 from gateway.namespace import Namespace, NamespaceStats
-from gateway.namespace.handles import HandleCodec, load_or_create_secret
+from gateway.namespace.handles import load_or_create_secret
+from gateway.namespace.legacymap import LegacyMap
+from gateway.namespace.resolve import Handles
 from gateway.ops.admin import AdminApi
 from gateway.ops.config import ServerConfig, needs_rebuild, reload_plan
 from gateway.ops.configfile import ConfigErrors, load_config
@@ -85,7 +88,8 @@ class Server:
         self.notifier = notifier or Notifier({})
         self.config_loader = config_loader
         self.metrics = Metrics()
-        self.dispatcher = Dispatcher(self.metrics)
+        self.drc = DuplicateRequestCache(config.server.nfs.drc, self.clock)
+        self.dispatcher = Dispatcher(self.metrics, self.drc)
         self.conn_stats = ConnectionStats()
         self.connections: set[RpcConnection] = set()
         self._servers: list[asyncio.Server] = []
@@ -115,12 +119,15 @@ class Server:
         await asyncio.to_thread(self._make_dirs)
         state_dir = c.server.state_dir
         secret = load_or_create_secret(state_dir)
-        handles = HandleCodec(secret, state_dir / "handles.sqlite3")
+        handles = Handles(secret, legacy=LegacyMap.open_if_present(state_dir))
         data_stats = DataStats()
         # cache.memory is the service's budget: with workers, each one's memory tier a share.
         memory = c.cache.memory // (self.role.count if self.role is not None else 1)
         cache = DataCache(memory, stats=data_stats)
-        reader = ObjectReader(cache, c.cache.reads, data_stats)
+        disk_stats = DiskStats()  # the disk tier: shared by the workers (gateway.data.disk)
+        disk = await open_disk_tier(c.server.cache_dir, c.cache.data.disk, disk_stats)
+        self.metrics.add_stats("disk", disk_stats)
+        reader = ObjectReader(cache, c.cache.reads, data_stats, disk)
         # A relative spool_dir (the default "spool") is under the state directory. Workers
         # other than the owner never stage writes (calls for read-write exports are routed to
         # the owner, ``gateway.forward``); they get a directory of their own all the same, so
@@ -134,8 +141,10 @@ class Server:
         self.metrics.add_stats("data", data_stats)
         self.metrics.add_stats("conn", self.conn_stats)
         self.metrics.add_stats("gateway", gw.stats)
+        self.metrics.add_stats("handles", handles.stats)
         self.metrics.add_stats("writes", writes.stats)
         self.metrics.add_stats("server", self._server_stats)
+        self.metrics.add_stats("drc", self.drc.stats)
         for ec in c.exports:
             gw.add_export(self._make_export(ec))
         self.gateway = gw
@@ -210,8 +219,7 @@ class Server:
 
     def _make_dirs(self) -> None:
         self.config.server.state_dir.mkdir(parents=True, exist_ok=True)
-        if self.config.server.cache_dir is not None:
-            self.config.server.cache_dir.mkdir(parents=True, exist_ok=True)
+        # cache_dir: gateway.data.disk creates it, or falls back to memory only.
 
     def _status(self) -> str:
         gw = self.gateway
@@ -251,6 +259,7 @@ class Server:
             anonymous=s3.anonymous or None,
             max_connections=s3.max_connections,
             retry=s3.retry,
+            checksums=s3.checksums,
         )
 
     async def _start_portmap(self, factory: Callable[[], asyncio.Protocol], port: int) -> None:
@@ -429,6 +438,9 @@ class Server:
             complete=drained,
             connections_aborted=aborted,
         )
+        # Non-idempotent calls run on in the duplicate-request cache after their connection
+        # is gone: let them finish (or cancel them) before the stores close.
+        await self.drc.close(max(0.0, deadline - self.clock.monotonic()))
         for s in self._servers:
             try:
                 await s.wait_closed()
@@ -462,6 +474,8 @@ class Server:
                 await writes.close(commit_timeout_s=left)
             # Fetches still in flight (read-ahead) use the stores: stop them first.
             await self.gateway.reader.close()
+            if self.gateway.reader.disk is not None:
+                await self.gateway.reader.disk.close()
             for export in [*self.gateway.exports.values(), *self._retired_exports]:
                 await self._close_export(export)
             await self.gateway.handles.close()

@@ -55,9 +55,9 @@ RESTART_BACKOFF_MAX_S: Final = 30.0
 CRASH_WINDOW_S: Final = 30.0  # a worker that dies sooner than this after starting "crashed"
 CRASH_LOOP_AFTER: Final = 3
 START_TIMEOUT_S: Final = 60.0
-# A worker whose loop does not answer /healthz PROBE_MISSES times in a row, PROBE_EVERY_S apart,
-# is wedged: it is killed and restarted like one that died (systemd's watchdog covers only the
-# supervisor's own loop).
+# A worker whose loop does not answer /healthz PROBE_MISSES times in a row (each probe waits
+# PROBE_EVERY_S / 2, the next starts PROBE_EVERY_S / 2 later: ~30 s in all) is wedged: it is
+# killed and restarted like one that died (systemd's watchdog covers the supervisor's loop).
 PROBE_EVERY_S: Final = 10.0
 PROBE_MISSES: Final = 3
 KILL_MARGIN_S: Final = 5.0
@@ -272,11 +272,11 @@ class Supervisor:
         import aiohttp
 
         misses = 0
-        timeout = aiohttp.ClientTimeout(total=PROBE_EVERY_S)
+        timeout = aiohttp.ClientTimeout(total=PROBE_EVERY_S / 2)
         connector = aiohttp.UnixConnector(path=str(w.role.admin_socket))
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
             while not self._is_stopping():
-                await asyncio.sleep(PROBE_EVERY_S)
+                await asyncio.sleep(PROBE_EVERY_S / 2)
                 if not w.ready or w.proc is None:
                     misses = 0
                     continue

@@ -21,6 +21,7 @@ gateway itself (``Server`` does) or call past the dispatcher.
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -153,7 +154,9 @@ class MemoryClient(Calls):
         self.server = server
         self.cred = cred
         self.peer = peer
-        self.xid = 0x1000
+        # A random first XID, as real clients pick: two clients must not send the same
+        # (XID, call) pair, which the duplicate-request cache would answer from its replies.
+        self.xid = random.getrandbits(31)
 
     async def record(self, record: Buffer) -> bytes | None:
         """A whole call record in, the whole reply record out (None: no reply is sent)."""

@@ -157,6 +157,8 @@ class GatewayThread:
                 "secret_key": self.s3.get("secret_key"),
                 "addressing_style": "path",
                 "max_connections": self.config.s3.max_connections,
+                "retry": self.config.s3.retry,
+                "checksums": self.config.s3.checksums,
             }
         store = open_store(ec.backend, observer=observer, **kw)
         if self.wrap_store is not None:

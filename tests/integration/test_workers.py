@@ -16,6 +16,7 @@ Real parts only: the ``nfsgw`` command line (``GatewayProcess``), SeaweedFS, lib
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -250,3 +251,23 @@ def test_sighup_reaches_every_worker(seaweed: SeaweedServer, bucket: str, tmp_pa
             with LibNfs(gw.libnfs_url("/more")) as c:
                 assert c.read_file("/f002.jpg") == _body(2)
         assert _metric(gw, "nfsgw_exports") == 2
+
+
+def test_a_wedged_worker_is_killed_and_replaced(
+    seaweed: SeaweedServer, bucket: str, tmp_path: Path
+) -> None:
+    """A worker whose loop stops answering (here: SIGSTOP) is killed after ~30 s of missed
+    health probes and restarted."""
+    with _gateway(tmp_path, seaweed, bucket, read_only=True) as gw:
+        _, stats = _json(gw, "/v1/stats")
+        victim = stats["workers"][1]["pid"]
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            _wait(lambda: _json(gw, "/readyz")[1]["workers"][1]["pid"] != victim, 90.0)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
+        _wait(lambda: _json(gw, "/readyz")[0] == 200)
+        assert "worker_wedged" in gw.log_path.read_text()
+        with LibNfs(gw.libnfs_url("/data")) as c:
+            assert c.read_file("/c1/f001.jpg") == _body(1)

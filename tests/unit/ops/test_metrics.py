@@ -15,9 +15,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.data import DataStats
+from gateway.data import DataStats, DiskStats
+from gateway.drc import DrcStats
 from gateway.forward import RouteStats
 from gateway.namespace import NamespaceStats
+from gateway.namespace.resolve import HandleStats
 from gateway.ops.metrics import (
     METRICS,
     SUPERVISOR_METRICS,
@@ -37,7 +39,10 @@ ROOT = Path(__file__).resolve().parents[3]
 LAYERS: dict[str, type] = {
     "conn": ConnectionStats,
     "data": DataStats,
+    "disk": DiskStats,
+    "drc": DrcStats,
     "gateway": GatewayStats,
+    "handles": HandleStats,
     "namespace": NamespaceStats,
     "writes": WriteStats,
     "server": ServerStats,
