@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
-import signal
 import socket
 from collections.abc import Callable
 
@@ -49,7 +48,7 @@ from gateway.ops.configfile import ConfigErrors, load_config
 from gateway.ops.metrics import Metrics, ServerStats
 from gateway.ops.systemd import Notifier
 from gateway.ops.warmup import Warmups
-from gateway.ops.workers import WorkerRole
+from gateway.ops.workers import WorkerRole, until_signalled
 from gateway.registry import Gateway
 from gateway.transport import CallHandler, ConnectionStats, RpcConnection
 from gateway.writes import WriteManager
@@ -484,27 +483,7 @@ class Server:
 
     async def run_until_signalled(self) -> int:
         """Serve until SIGTERM/SIGINT (then drain and return 0); SIGHUP reloads."""
-        loop = asyncio.get_running_loop()
-        reloads: set[asyncio.Task[bool]] = set()
-
-        def on_hup() -> None:
-            t = loop.create_task(self.reload())
-            reloads.add(t)
-            t.add_done_callback(reloads.discard)
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._stopping.set)
-        loop.add_signal_handler(signal.SIGHUP, on_hup)
-        try:
-            await self._stopping.wait()
-            log.info("gateway_stopping")
-            for t in list(reloads):
-                t.cancel()
-            await self.stop()
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
-        return 0
+        return await until_signalled(self._stopping, self.reload, self.stop, "gateway_stopping")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -37,10 +37,10 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import structlog
 
@@ -379,25 +379,39 @@ class Supervisor:
         log.info("supervisor_stopped", codes=[w.proc.returncode for w in live if w.proc])
 
     async def run_until_signalled(self) -> int:
-        loop = asyncio.get_running_loop()
-        reloads: set[asyncio.Task[bool]] = set()
+        return await until_signalled(self._stop, self.reload, self.stop, "supervisor_stopping")
 
-        def on_hup() -> None:
-            t = loop.create_task(self.reload())
-            reloads.add(t)
-            t.add_done_callback(reloads.discard)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, on_hup)
-        try:
-            await self._stop.wait()
-            log.info("supervisor_stopping")
-            await self.stop()
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
-        return 0
+async def until_signalled(
+    stop_requested: asyncio.Event,
+    reload: Callable[[], Coroutine[Any, Any, bool]],
+    stop: Callable[[], Awaitable[None]],
+    event: str,
+) -> int:
+    """A service process's main wait (a gateway's or the supervisor's): SIGHUP runs ``reload``
+    (in a task, so a slow one never blocks a stop), SIGTERM/SIGINT set ``stop_requested``;
+    then reloads still running are cancelled, ``event`` is logged and ``stop`` awaited."""
+    loop = asyncio.get_running_loop()
+    reloads: set[asyncio.Task[bool]] = set()
+
+    def on_hup() -> None:
+        t = loop.create_task(reload())
+        reloads.add(t)
+        t.add_done_callback(reloads.discard)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_requested.set)
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    try:
+        await stop_requested.wait()
+        log.info(event)
+        for t in list(reloads):
+            t.cancel()
+        await stop()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+    return 0
 
 
 def _with_admin(old: ServerConfig, new: ServerConfig) -> ServerConfig:

@@ -24,7 +24,7 @@ import pytest
 from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
-from tests.e2e.guest import Guest
+from tests.e2e.guest import Guest, GuestResult
 from tests.harness.thread import GatewayThread
 
 pytestmark = [pytest.mark.s3, pytest.mark.kclient]
@@ -109,29 +109,24 @@ async def _bucket(seaweed: SeaweedServer, bucket: str) -> tuple[list[str], dict[
         await store.close()
 
 
-def test_write_phases_behave_like_a_local_file_system(
-    guest: Guest, seaweed: SeaweedServer, bucket: str, tmp_path: Path
-) -> None:
-    asyncio.run(_seed(seaweed, bucket))
-    exports = [ExportConfig("/data", f"s3://{bucket}/ds/", squash="none")]
-    with GatewayThread(exports, state_dir=tmp_path / "state", s3=seaweed.store_kwargs()) as gw:
-        run = guest.run(
-            SCRIPT,
-            nfs_port=gw.port,
-            timeout_s=RUN_TIMEOUT_S,
-            timeo_ds=100,
-            retrans=3,
-            files={
-                "phases.sh": (HERE / "phases.sh").read_bytes(),
-                "posix_phases.sh": (HERE / "posix_phases.sh").read_bytes(),
-                "pattern.bin": PATTERN,
-            },
-        )
-        calls = gw.call_counts()
-        statuses = gw.call(
-            lambda: {k: h.count for k, h in gw.server.metrics.rpc.items() if k[1] != "ok"}
-        )
-        staged = gw.stats(lambda s: s.gateway.writes.stats)  # type: ignore[union-attr]
+def run_phases(guest: Guest, script: str, nfs_port: int) -> GuestResult:
+    """``script`` in the guest with the two phase scripts and the pattern file."""
+    return guest.run(
+        script,
+        nfs_port=nfs_port,
+        timeout_s=RUN_TIMEOUT_S,
+        timeo_ds=100,
+        retrans=3,
+        files={
+            "phases.sh": (HERE / "phases.sh").read_bytes(),
+            "posix_phases.sh": (HERE / "posix_phases.sh").read_bytes(),
+            "pattern.bin": PATTERN,
+        },
+    )
+
+
+def check_phases(run: GuestResult, seaweed: SeaweedServer, bucket: str) -> None:
+    """Every phase as a local file system, and the bucket holds what the guest wrote."""
     out = run.output
     print(out)  # the phase lines, for the record (pytest -s)
     assert run.rc == 0 and not run.timed_out, run.describe()
@@ -139,12 +134,26 @@ def test_write_phases_behave_like_a_local_file_system(
     assert "PHASES DONE" in out, run.describe()
     got = dict(re.findall(r"^PHASE (\S+) (\S+)", out, re.M))
     assert got == EXPECTED, out
-    # what the bucket holds is what the guest wrote
     keys, kept = asyncio.run(_bucket(seaweed, bucket))
     assert kept["small.txt"] == b"hello from the guest\nmore\n"
     assert kept["big.bin"] == PATTERN
     assert kept["sym"] == b"small.txt"
     assert not [k for k in keys if "/.kc_work/" in k or "/.kc_check/" in k], keys
+
+
+def test_write_phases_behave_like_a_local_file_system(
+    guest: Guest, seaweed: SeaweedServer, bucket: str, tmp_path: Path
+) -> None:
+    asyncio.run(_seed(seaweed, bucket))
+    exports = [ExportConfig("/data", f"s3://{bucket}/ds/", squash="none")]
+    with GatewayThread(exports, state_dir=tmp_path / "state", s3=seaweed.store_kwargs()) as gw:
+        run = run_phases(guest, SCRIPT, gw.port)
+        calls = gw.call_counts()
+        statuses = gw.call(
+            lambda: {k: h.count for k, h in gw.server.metrics.rpc.items() if k[1] != "ok"}
+        )
+        staged = gw.stats(lambda s: s.gateway.writes.stats)  # type: ignore[union-attr]
+    check_phases(run, seaweed, bucket)
     # the kernel used the write path's procedures and nothing was left staged
     for proc in ("CREATE", "MKDIR", "WRITE", "SETATTR", "RENAME", "SYMLINK", "REMOVE", "RMDIR"):
         assert calls[f"NFS3.{proc}"] > 0, proc

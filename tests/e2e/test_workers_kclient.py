@@ -18,14 +18,7 @@ import pytest
 from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
 from tests.e2e.guest import Guest
-from tests.e2e.test_posix_phases import (
-    ALLOWED_ERRORS,
-    EXPECTED,
-    PATTERN,
-    RUN_TIMEOUT_S,
-    _bucket,
-    _seed,
-)
+from tests.e2e.test_posix_phases import ALLOWED_ERRORS, _seed, check_phases, run_phases
 
 pytestmark = [pytest.mark.s3, pytest.mark.kclient]
 
@@ -64,30 +57,9 @@ def test_write_phases_with_two_workers_and_nconnect(
         workers=2,
     )
     with gw:
-        run = guest.run(
-            SCRIPT,
-            nfs_port=gw.port,
-            timeout_s=RUN_TIMEOUT_S,
-            timeo_ds=100,
-            retrans=3,
-            files={
-                "phases.sh": (HERE / "phases.sh").read_bytes(),
-                "posix_phases.sh": (HERE / "posix_phases.sh").read_bytes(),
-                "pattern.bin": PATTERN,
-            },
-        )
+        run = run_phases(guest, SCRIPT, gw.port)
         m = gw.metrics()
-    out = run.output
-    print(out)
-    assert run.rc == 0 and not run.timed_out, run.describe()
-    assert "PHASES_SH_RC=0" in out, run.describe()
-    got = dict(re.findall(r"^PHASE (\S+) (\S+)", out, re.M))
-    assert got == EXPECTED, out
-    keys, kept = asyncio.run(_bucket(seaweed, bucket))
-    assert kept["small.txt"] == b"hello from the guest\nmore\n"
-    assert kept["big.bin"] == PATTERN
-    assert kept["sym"] == b"small.txt"
-    assert not [k for k in keys if "/.kc_work/" in k or "/.kc_check/" in k], keys
+    check_phases(run, seaweed, bucket)
     # Both workers took connections; those landing on worker 1 had their calls routed.
     per_worker = _series(m, "nfsgw_worker_rpc_requests_total")
     assert len(per_worker) == 2, per_worker
