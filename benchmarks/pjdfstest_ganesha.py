@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,50 +24,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import netns  # noqa: E402
+
 from tests.e2e import pjdfstest  # noqa: E402
 from tests.e2e.guest import Guest, GuestImage  # noqa: E402
 from tests.e2e.test_pjdfstest import GROUPS  # noqa: E402
 
 NFS_PORT, MNT_PORT = 20490, 20048
-CONF = """\
-NFS_CORE_PARAM {{
-  Protocols = 3;
-  NFS_Port = {nfs};
-  MNT_Port = {mnt};
-  Enable_NLM = false;
-  Enable_RQUOTA = false;
-}}
-NFSV4 {{ Graceless = true; }}
-EXPORT {{
-  Export_Id = 1;
-  Path = {path};
-  Pseudo = {path};
-  Access_Type = RW;
-  Squash = No_Root_Squash;
-  Protocols = 3;
-  Transports = TCP;
-  SecType = sys;
-  FSAL {{ Name = VFS; }}
-}}
-"""
 
 
 def inside(args: argparse.Namespace) -> int:
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=30)
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run"], check=True, timeout=30)
+    netns.enter_namespace()
     work = Path(tempfile.mkdtemp(prefix="pjd-ganesha-", dir="/var/tmp"))
     export = work / "export"
     export.mkdir()
     export.chmod(0o777)
-    Path("/run/rpcbind").mkdir(parents=True, exist_ok=True)
-    rpcbind = subprocess.Popen(["rpcbind", "-f"], stdin=subprocess.DEVNULL)
-    conf = work / "ganesha.conf"
-    conf.write_text(CONF.format(nfs=NFS_PORT, mnt=MNT_PORT, path=export))
-    pid = str(work / "ganesha.pid")
-    ganesha = subprocess.Popen(
-        ["ganesha.nfsd", "-F", "-L", str(work / "ganesha.log"), "-f", str(conf), "-p", pid],
-        stdin=subprocess.DEVNULL,
-    )
+    procs = netns.start_ganesha(work, export, NFS_PORT, MNT_PORT, access="RW")
     try:
         time.sleep(8)  # ganesha's start-up (grace period off)
         tarball = pjdfstest.find_tarball()
@@ -106,12 +77,7 @@ def inside(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps(out, indent=1, sort_keys=True))
         return 0 if "PJD_DONE" in run.output else 1
     finally:
-        for p in (ganesha, rpcbind):
-            p.terminate()
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        netns.stop(procs)
 
 
 def main() -> int:
@@ -123,9 +89,7 @@ def main() -> int:
     args = p.parse_args()
     if args.inside_namespace:
         return inside(args)
-    cmd = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
-    cmd += [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--inside-namespace"]
-    return subprocess.run(cmd, timeout=args.timeout + 300).returncode
+    return netns.reexec_inside(__file__, None, args.timeout + 300)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -51,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # a sibling script, as mypy names it
 
-from scale_index import Ganesha, _enter_namespace, _ganesha_prereqs, log  # noqa: E402
+import netns  # noqa: E402
+from scale_index import Ganesha, log  # noqa: E402
 
 from loadgen.gwprocess import GatewayProcess  # noqa: E402
 from tests.libnfs import LibNfs  # noqa: E402
@@ -324,22 +323,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.inside_namespace:
-        _enter_namespace()
+        netns.enter_namespace()
         return run(args, True, "")
-    note = "skipped: --no-ganesha" if args.no_ganesha else _ganesha_prereqs()
+    note = "skipped: --no-ganesha" if args.no_ganesha else netns.ganesha_prereqs()
     if note:
         log(f"nfs-ganesha {note}")
         return run(args, False, note)
-    cmd = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
-    own = list(sys.argv[1:] if argv is None else argv)
-    cmd += [sys.executable, str(Path(__file__).resolve()), *own, "--inside-namespace"]
-    with subprocess.Popen(cmd) as child:
-        try:
-            return child.wait(3600)
-        except KeyboardInterrupt:
-            child.send_signal(signal.SIGINT)
-            child.wait(60)
-            return 130
+    return netns.reexec_inside(__file__, argv, 3600.0)
 
 
 if __name__ == "__main__":
