@@ -104,14 +104,25 @@ def listed_file_fields(export: Export) -> Callable[[str, int, int], tuple[int, .
     sends ~1.3 M of them for ImageNet). What does not depend on path, size or mtime comes from
     ``fattr`` itself; the rest must follow ``fattr`` (tests/unit/gateway/test_readdir_fast.py
     compares the two byte for byte)."""
-    a = fattr(export, _LISTED_FILE)
-    t, mode, nlink, uid, gid = a.type, a.mode, a.nlink, a.uid, a.gid
-    rd1, rd2, fsid, eid = a.rdev.specdata1, a.rdev.specdata2, a.fsid, export.id
+    by_id, eid = listed_file_fields_by_id(export), export.id
 
     def listed(path: str, size: int, mtime_ns: int) -> tuple[int, ...]:
+        return by_id(fileid(eid, path), size, mtime_ns)
+
+    return listed
+
+
+def listed_file_fields_by_id(export: Export) -> Callable[[int, int, int], tuple[int, ...]]:
+    """``listed_file_fields`` given the file's ``fileid`` instead of its path: ``(fileid,
+    size, mtime_ns) -> fattr3's fields`` (READDIRPLUS hashes the path once for the fileid
+    and the handle, ``HandleCodec.listed_ids``)."""
+    a = fattr(export, _LISTED_FILE)
+    t, mode, nlink, uid, gid = a.type, a.mode, a.nlink, a.uid, a.gid
+    rd1, rd2, fsid = a.rdev.specdata1, a.rdev.specdata2, a.fsid
+
+    def listed(fid: int, size: int, mtime_ns: int) -> tuple[int, ...]:
         s, ns = divmod(mtime_ns, 1_000_000_000)
         s &= 0xFFFFFFFF
-        fid = fileid(eid, path)
         used = (size + 4095) & ~4095
         return (t, mode, nlink, uid, gid, size, used, rd1, rd2, fsid, fid, s, ns, s, ns, s, ns)
 

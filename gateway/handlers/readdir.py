@@ -6,25 +6,29 @@ of names, so a sequence of calls survives a re-list. ``dircount`` is treated lik
 ``maxcount`` alone bounds the reply (the Linux client sends dircount = maxcount / 8, which
 would otherwise cost eight times the round trips).
 
-The hot path (``ls -lR`` of ImageNet is 1.28 M entries): each entry is encoded straight into
-the reply's bytes (``nfs3.pack_entry3``/``pack_entryplus3`` into ``entries_xdr``), with no
-Entry3, Entryplus3, Fattr3 or NfsTime3 object; a listed file's attributes come as flat fields
-(``attrs.listed_file_fields``), anything else's from ``attrs.fattr``. The bytes are those the
-object path gives (tests/unit/gateway/test_readdir_fast.py). Entries are taken from the index
-a page at a time, sized for typical entries and topped up while the reply has room, so few are
-built that do not fit.
+The hot path (``ls -lR`` of ImageNet is 1.28 M entries): the index hands out a page as rows
+of the directory's columns (``Namespace.readdir_rows``: names, cookies, sizes, mtimes, and
+whole entries only for the rows that need them, ``Rows.special``), and each row is encoded
+straight into the reply's bytes (``nfs3.pack_entry3``/``pack_entryplus3`` into
+``entries_xdr``), with no Entry, Entry3, Entryplus3, Fattr3 or NfsTime3 object: a listed
+file's fileid and handle come from one UTF-8 path (``HandleCodec.listed_ids``), its attributes
+as flat fields (``attrs.listed_file_fields_by_id``); a special row's from ``attrs.fattr``. The
+bytes are those the object path gives (tests/unit/gateway/test_readdir_fast.py). Rows are
+taken from the index a page at a time, sized for typical entries and topped up while the
+reply has room, so few are read that do not fit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.attrs import fattr, is_listed_file, listed_file_fields
+from gateway.attrs import fattr, is_listed_file, listed_file_fields, listed_file_fields_by_id
 from gateway.dispatch import CallContext
 from gateway.errors import AccessDenied, BadCookie, NotDirectory, TooSmall
 from gateway.exports import Export
 from gateway.handlers.common import on_failure
-from gateway.namespace import Entry, EntryKind, split_path
+from gateway.namespace import Entry, EntryKind, fileid, split_path
+from gateway.namespace.directory import Rows
 from gateway.policy import R_OK, permits
 from gateway.registry import Gateway
 from nfsproto.nfs3 import (
@@ -52,54 +56,61 @@ _TYPICAL_ENTRYPLUS3 = size_entryplus3(20, True, 40)
 
 Encode = Callable[[int, str, Entry], bytes]
 """(cookie, name, entry) -> the entry's bytes in the reply."""
-
-
-async def _entries(
-    export: Export, d: Entry, cookie: int, max_entries: int
-) -> tuple[list[tuple[int, str, Entry]], bool, bytes]:
-    """(cookie, name, entry) after ``cookie``, with "." and ".." first; eof; verifier."""
-    out: list[tuple[int, str, Entry]] = []
-    if cookie == 0:
-        out.append((DOT_COOKIE, ".", d))
-    if cookie <= DOT_COOKIE:
-        parent = d if not d.path else await export.ns.getattr(split_path(d.path)[0])
-        out.append((DOTDOT_COOKIE, "..", parent))
-    page = await export.ns.readdir(
-        d.path, 0 if cookie <= DOTDOT_COOKIE else cookie, max_entries=max_entries
-    )
-    out.extend((c, e.name, e) for c, e in page.entries)
-    return out, page.eof, page.verifier
+EncodeRows = Callable[[Rows, int], tuple[bytes, int]]
+"""(rows, budget) -> (the bytes of the rows that fit in ``budget``, one after the other, up
+to the first that does not; how many)."""
 
 
 async def _fill(
-    export: Export, d: Entry, cookie: int, budget: int, typical: int, encode: Encode
+    export: Export,
+    d: Entry,
+    cookie: int,
+    budget: int,
+    typical: int,
+    encode: Encode,
+    encode_rows: EncodeRows,
 ) -> tuple[bytes, int, bool, bytes]:
     """The entries after ``cookie`` that fit in ``budget`` bytes, encoded: (bytes, entries,
-    eof, verifier). A page of the index that ends before the budget does is followed by
-    another after its last cookie (the verifier is the last page's: any of them accepts the
-    cookies handed out); should that cookie no longer resolve (a re-list in between), the
-    reply ends there and the client's next call gets the answer for it."""
+    eof, verifier); "." and ".." first (``encode``), then the index's rows (``encode_rows``).
+    A page of the index that ends before the budget does is followed by another after its
+    last cookie (the verifier is the last page's: any of them accepts the cookies handed
+    out); should that cookie no longer resolve (a re-list in between), the reply ends there
+    and the client's next call gets the answer for it."""
+    ns = export.ns
+    rows = await ns.readdir_rows(
+        d.path, 0 if cookie <= DOTDOT_COOKIE else cookie, max_entries=budget // typical + 1
+    )
     out = bytearray()
     count = 0
-    want = budget // typical + 1
+    dots: list[tuple[int, str, Entry]] = []
+    if cookie == 0:
+        dots.append((DOT_COOKIE, ".", d))
+    if cookie <= DOT_COOKIE:
+        parent = d if not d.path else await ns.getattr(split_path(d.path)[0])
+        dots.append((DOTDOT_COOKIE, "..", parent))
+    for c, name, e in dots:
+        b = encode(c, name, e)
+        if len(b) > budget:
+            return bytes(out), count, False, rows.verifier
+        budget -= len(b)
+        out += b
+        count += 1
     while True:
+        raw, n = encode_rows(rows, budget)
+        budget -= len(raw)
+        out += raw
+        count += n
+        if n < len(rows.names):
+            return bytes(out), count, False, rows.verifier
+        if rows.eof or not n:
+            return bytes(out), count, rows.eof, rows.verifier
         try:
-            items, eof, verf = await _entries(export, d, cookie, want)
+            nxt = await ns.readdir_rows(
+                d.path, rows.cookies[n - 1], max_entries=budget // (len(out) // count) + 1
+            )
         except BadCookie:
-            if not count:
-                raise
-            return bytes(out), count, False, verf
-        for c, name, e in items:
-            b = encode(c, name, e)
-            if len(b) > budget:
-                return bytes(out), count, False, verf
-            budget -= len(b)
-            out += b
-            count += 1
-            cookie = c
-        if eof or not items:
-            return bytes(out), count, eof, verf
-        want = budget // (len(out) // count) + 1
+            return bytes(out), count, False, rows.verifier
+        rows = nxt
 
 
 def _check_readable(gw: Gateway, ctx: CallContext, export: Export, d: Entry) -> None:
@@ -119,6 +130,7 @@ async def readdir3(gw: Gateway, ctx: CallContext, args: Readdir3Args) -> Readdir
     if budget < size_entry3(1):
         raise TooSmall(f"count {args.count}")
     listed = listed_file_fields(export)
+    eid = export.id
 
     def encode(cookie: int, name: str, e: Entry) -> bytes:
         if is_listed_file(e):
@@ -127,7 +139,26 @@ async def readdir3(gw: Gateway, ctx: CallContext, args: Readdir3Args) -> Readdir
             fid = fattr(export, e).fileid
         return pack_entry3(fid, name.encode(), cookie)
 
-    raw, n, eof, verf = await _fill(export, d, args.cookie, budget, _TYPICAL_ENTRY3, encode)
+    def encode_rows(rows: Rows, budget: int) -> tuple[bytes, int]:
+        out = bytearray()
+        special = rows.special
+        d = rows.path
+        prefix = d + "/" if d else ""
+        for i, (c, name) in enumerate(zip(rows.cookies, rows.names, strict=True)):
+            e = special.get(i) if special else None
+            if e is None:
+                b = pack_entry3(fileid(eid, prefix + name), name.encode(), c)
+            else:
+                b = encode(c, name, e)
+            if len(b) > budget:
+                return bytes(out), i
+            budget -= len(b)
+            out += b
+        return bytes(out), len(rows.names)
+
+    raw, n, eof, verf = await _fill(
+        export, d, args.cookie, budget, _TYPICAL_ENTRY3, encode, encode_rows
+    )
     if not n and not eof:
         raise TooSmall(f"count {args.count} too small for the next entry")
     return Readdir3Res(NfsStat3.NFS3_OK, dattr, verf, [], eof, raw)
@@ -142,7 +173,9 @@ async def readdirplus3(gw: Gateway, ctx: CallContext, args: Readdirplus3Args) ->
     if budget < size_entryplus3(1, True, 8):
         raise TooSmall(f"maxcount {args.maxcount}")
     listed = listed_file_fields(export)
+    by_id = listed_file_fields_by_id(export)
     handle_for = gw.handle_for
+    ids = gw.handles.codec.listed_ids(export.id)
 
     def encode(cookie: int, name: str, e: Entry) -> bytes:
         path = e.path
@@ -152,7 +185,35 @@ async def readdirplus3(gw: Gateway, ctx: CallContext, args: Readdirplus3Args) ->
             a = fattr3_fields(fattr(export, e))
         return pack_entryplus3(name.encode(), cookie, a, handle_for(export, path))
 
-    raw, n, eof, verf = await _fill(export, d, args.cookie, budget, _TYPICAL_ENTRYPLUS3, encode)
+    def encode_rows(rows: Rows, budget: int) -> tuple[bytes, int]:
+        """The hot loop: a listed file's fileid and handle from one UTF-8 path, its
+        attributes from its size and mtime."""
+        out = bytearray()
+        special = rows.special
+        d = rows.path
+        prefix = (d + "/").encode() if d else b""
+        for i, (c, name, size, mtime) in enumerate(
+            zip(rows.cookies, rows.names, rows.sizes(), rows.mtimes(), strict=True)
+        ):
+            e = special.get(i) if special else None
+            if e is None:
+                nb = name.encode()
+                raw = prefix + nb
+                fid, fh = ids(raw)
+                if fh is None:
+                    fh = handle_for(export, raw.decode())
+                b = pack_entryplus3(nb, c, by_id(fid, size, mtime), fh)
+            else:
+                b = encode(c, name, e)
+            if len(b) > budget:
+                return bytes(out), i
+            budget -= len(b)
+            out += b
+        return bytes(out), len(rows.names)
+
+    raw, n, eof, verf = await _fill(
+        export, d, args.cookie, budget, _TYPICAL_ENTRYPLUS3, encode, encode_rows
+    )
     if not n and not eof:
         raise TooSmall(f"maxcount {args.maxcount} too small for the next entry")
     return Readdirplus3Res(NfsStat3.NFS3_OK, dattr, verf, [], eof, raw)

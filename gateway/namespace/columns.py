@@ -162,6 +162,9 @@ class Columns:
             ):
                 self.etags, self.etag_q = raw, True
                 return
+            if not any(map(_hex_etag, etags[:8])):  # e.g. the local backend's: no row by row
+                self.etags, self.etag_offs = _strings(etags)
+                return
         packed = bytearray(16 * n)
         odd: dict[int, str] = {}
         quoted: bool | None = None

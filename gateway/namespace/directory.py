@@ -4,8 +4,9 @@ that touch only it.
 
 Owns: reading the view (``get``, ``kind``), applying one mutation (``set_child``), swapping in
 a finished listing (``install``: what a re-list keeps, whether the content changed), cutting a
-READDIR page (``page``), and what the directory costs (``bytes``). Each change returns what
-changed so the caller keeps the budget and the generation. Must not: await, talk to the
+READDIR page (``rows``: a ``Rows``, no ``Entry`` per plain file; ``page``) and what the
+directory costs (``bytes``). Each change returns what changed so the caller keeps the budget
+and the generation. Must not: await, talk to the
 backend, read a clock or know about other directories (``Namespace`` owns the collection,
 TTLs, the budget, times).
 
@@ -30,6 +31,10 @@ TTLs, the budget, times).
 from __future__ import annotations
 
 import math
+import re
+from array import array
+from dataclasses import MISSING, fields
+from operator import attrgetter
 from typing import Final, Literal
 
 from gateway.errors import BadCookie
@@ -42,6 +47,13 @@ from gateway.namespace.paths import join_path
 Fresh = Literal["fresh", "stale", "expired", "none"]
 
 _ABSENT: Final = Entry("", "", EntryKind.FILE, 0, 0, 0, "")  # "not in extra"
+# Every Entry field with a default (mode, owner, atime, symlink, special file, rdev, ...) and
+# the values a listed file has in them: an entry that differs in any is no plain row.
+_OPTIONAL: Final = attrgetter(
+    *(f.name for f in fields(Entry) if f.default is not MISSING or f.default_factory is not MISSING)
+)
+_LISTED: Final = _OPTIONAL(_ABSENT)
+_NOT_FILE: Final = re.compile(b"[^%c]" % KIND_FILE)  # a row of ``Columns.kinds`` that is no file
 _MIN_FOLD: Final = 64  # extra entries kept before folding, whatever the directory's size
 # Entries built for lookups kept for the next ones: a client's LOOKUP, ACCESS, GETATTR and READs
 # of one file come together (measured: a lookup builds its entry in ~1.3 us, finds it here in
@@ -54,14 +66,7 @@ def _plain(e: Entry) -> bool:
     (a directory's attributes are the index's)."""
     if e.kind is EntryKind.DIR:
         return True
-    return (
-        e.kind is EntryKind.FILE
-        and e.mode is None
-        and e.uid is None
-        and e.gid is None
-        and e.symlink_target is None
-        and e.ctime_ns == e.mtime_ns
-    )
+    return e.kind is EntryKind.FILE and e.ctime_ns == e.mtime_ns and _OPTIONAL(e) == _LISTED
 
 
 class Directory:
@@ -329,11 +334,9 @@ class Directory:
 
     # -- READDIR ---------------------------------------------------------------------------------
 
-    def page(
-        self, cookie: int, max_entries: int, keep_removed: int, dir_entry: DirEntry
-    ) -> DirPage:
-        """Up to ``max_entries`` entries of the view after ``cookie`` (below ``FIRST_COOKIE``:
-        from the start); BadCookie if the cookie does not resolve."""
+    def rows(self, cookie: int, max_entries: int, keep_removed: int, dir_entry: DirEntry) -> Rows:
+        """Up to ``max_entries`` rows of the view after ``cookie`` (below ``FIRST_COOKIE``: from
+        the start), as a ``Rows``; BadCookie if the cookie does not resolve."""
         if self.adds or self.removes:
             self.compact()
         cols = self.cols
@@ -349,19 +352,98 @@ class Directory:
             if start < 0:
                 raise BadCookie(f"cookie {cookie} in {self.path!r}")
         stop = min(cols.n, start + max_entries)
-        out: list[tuple[int, Entry]] = []
-        extra = self.extra
+        names = cols.names_of(start, stop)
         d = self.path
-        for r, name in enumerate(cols.names_of(start, stop), start):
-            e = extra.get(name, _ABSENT) if extra else _ABSENT
-            if e is _ABSENT or e is None:
-                e = cols.entry(r, name, f"{d}/{name}" if d else name, dir_entry)
-            elif e.kind is EntryKind.DIR:
-                e = dir_entry(name, e.path)
-            out.append((col[r], e))
-        if out:
-            cookies.handed_out(out[-1][0], out[-1][1].name)
-        return DirPage(self.verf, out, stop == cols.n, self.partial)
+        special: dict[int, Entry] = {}
+        if not cols.allfiles:  # directories (times from the index) and folded symlinks
+            for m in _NOT_FILE.finditer(cols.kinds, start, stop):
+                i = m.start() - start
+                name = names[i]
+                special[i] = cols.entry(m.start(), name, join_path(d, name), dir_entry)
+        extra = self.extra
+        if extra:  # metadata and mutations not folded; a removal (None) shows the row
+            if len(extra) <= len(names):
+                found = ((cols.find(name) - start, e) for name, e in extra.items())
+            else:
+                found = ((i, extra.get(name)) for i, name in enumerate(names))
+            for i, e in found:
+                if e is not None and 0 <= i < len(names):
+                    special[i] = dir_entry(names[i], e.path) if e.kind is EntryKind.DIR else e
+        if names:
+            cookies.handed_out(col[stop - 1], names[-1])
+        return Rows(
+            self.verf, stop == cols.n, self.partial, d, cols, start, names, col[start:stop], special
+        )
+
+    def page(
+        self, cookie: int, max_entries: int, keep_removed: int, dir_entry: DirEntry
+    ) -> DirPage:
+        """``rows`` as (cookie, Entry) pairs."""
+        return self.rows(cookie, max_entries, keep_removed, dir_entry).page()
+
+
+class Rows:
+    """One READDIR(PLUS) page as rows of a directory's columns (no ``Entry`` per row): rows
+    [``start``, ``start`` + len(``names``)) of ``cols``, their ``cookies``, and ``special``:
+    index in the page -> the entry to show instead of the row's listed values (directories,
+    symlinks, entries with metadata or mutations). Every other row is a file as a listing
+    shows it: its attributes are its path, size and mtime (``attrs.listed_file_fields``).
+    ``eof``: the directory's last row is included; ``truncated``: partial mode."""
+
+    __slots__ = (
+        "cols",
+        "cookies",
+        "eof",
+        "names",
+        "path",
+        "special",
+        "start",
+        "truncated",
+        "verifier",
+    )
+
+    def __init__(
+        self,
+        verifier: bytes,
+        eof: bool,
+        truncated: bool,
+        path: str,
+        cols: Columns,
+        start: int,
+        names: list[str],
+        cookies: array[int],
+        special: dict[int, Entry],
+    ) -> None:
+        self.verifier = verifier
+        self.eof = eof
+        self.truncated = truncated
+        self.path = path
+        self.cols = cols
+        self.start = start
+        self.names = names
+        self.cookies = cookies
+        self.special = special
+
+    def sizes(self) -> array[int]:
+        return self.cols.sizes[self.start : self.start + len(self.names)]
+
+    def mtimes(self) -> array[int]:
+        return self.cols.mtimes[self.start : self.start + len(self.names)]
+
+    def page(self) -> DirPage:
+        """The rows as (cookie, Entry) pairs."""
+        out: list[tuple[int, Entry]] = []
+        cols, d, special, start = self.cols, self.path, self.special, self.start
+        for i, (c, name) in enumerate(zip(self.cookies, self.names, strict=True)):
+            e = special.get(i)
+            if e is None:
+                e = cols.entry(start + i, name, f"{d}/{name}" if d else name, _no_dir)
+            out.append((c, e))
+        return DirPage(self.verifier, out, self.eof, self.truncated)
+
+
+def _no_dir(name: str, path: str) -> Entry:
+    raise AssertionError(f"directory row {path!r} not in Rows.special")
 
 
 def _differs(

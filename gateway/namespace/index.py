@@ -74,7 +74,7 @@ from gateway.errors import NameTooLong, NotDirectory, NotFound, StaleHandle, fro
 from gateway.namespace.config import NamespaceConfig
 from gateway.namespace.cookies import Verifiers
 from gateway.namespace.dirattrs import DirAttrs
-from gateway.namespace.directory import Directory, Fresh
+from gateway.namespace.directory import Directory, Fresh, Rows
 from gateway.namespace.entries import (
     DirPage,
     Entry,
@@ -174,6 +174,10 @@ class Namespace:
         """Up to ``max_entries`` entries after ``cookie`` (0 = from the start) in name order.
         The client's cookie verifier is not checked: a cookie that resolves is honoured
         (``cookies``); one that does not raises BadCookie."""
+        return (await self.readdir_rows(dir_path, cookie, max_entries)).page()
+
+    async def readdir_rows(self, dir_path: str, cookie: int, max_entries: int = 1024) -> Rows:
+        """``readdir``'s page as rows of the directory's columns (``directory.Rows``)."""
         if dir_path:
             self._check_not_file(dir_path)
         d = self._dir(dir_path)
@@ -181,7 +185,7 @@ class Namespace:
         if not d.exists:
             await self._raise_dir_missing(dir_path)
         try:
-            return d.page(cookie, max_entries, self.config.removed_cookies_per_dir, self._dir_entry)
+            return d.rows(cookie, max_entries, self.config.removed_cookies_per_dir, self._dir_entry)
         finally:
             self._account(d.recost(), 0)
             self._evict()

@@ -30,6 +30,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
+from operator import attrgetter
 
 from gateway.backend.base import BackendError, ListPage, ObjectInfo, ObjectStore
 from gateway.errors import NotFound, from_backend
@@ -41,7 +42,13 @@ from gateway.namespace.entries import (
     NamespaceStats,
     file_entry,
 )
-from gateway.namespace.paths import bad_name, join_path, key_order
+from gateway.namespace.paths import NAME_MAX, bad_name, join_path, key_order
+
+_KEY = attrgetter("key")
+_META = attrgetter("metadata")
+_SIZE = attrgetter("size")
+_MTIME = attrgetter("mtime_ns")
+_ETAG = attrgetter("etag")
 
 
 class Builder:
@@ -96,6 +103,45 @@ class Builder:
         self.sizes.append(obj.size)
         self.mtimes.append(obj.mtime_ns)
         self.etags.append(obj.etag)
+        return True
+
+    def files(self, objs: Sequence[ObjectInfo], kp: str) -> bool:
+        """Add a page of listed objects at C speed when it is the usual one: every key is
+        ``kp`` + a good ASCII name (``bad_name``) not added before, and no object carries
+        metadata; False (nothing added: take ``file`` one at a time) otherwise."""
+        k = len(objs)
+        keys = list(map(_KEY, objs))
+        if (
+            not k
+            or any(map(_META, objs))
+            or sum(map(str.startswith, keys, itertools.repeat(kp))) != k
+        ):
+            return False
+        text = "\0".join(keys)
+        if text.count("\0") != k - 1 or not text.isascii():
+            return False
+        # No NUL inside a key: every separator is followed by the prefix, cut with it.
+        text = (text.replace("\0" + kp, "\0") if kp else text)[len(kp) :]
+        if "/" in text:
+            return False
+        names = text.split("\0")
+        lens = list(map(len, names))
+        seen = set(names)
+        if (
+            min(lens) < 1
+            or max(lens) > NAME_MAX
+            or len(seen) != k
+            or "." in seen
+            or ".." in seen
+            or not self.index.keys().isdisjoint(seen)
+        ):
+            return False
+        self.index.update(zip(names, itertools.count(len(self.names))))
+        self.names += names
+        self.kinds += bytes([KIND_FILE]) * k
+        self.sizes += map(_SIZE, objs)
+        self.mtimes += map(_MTIME, objs)
+        self.etags += map(_ETAG, objs)
         return True
 
     def dir(self, name: str) -> bool:
@@ -349,7 +395,7 @@ class Listing:
         n = len(kp)
         before = len(b)
         skipped = 0
-        for obj in objs:
+        for obj in () if b.files(objs, kp) else objs:
             key = obj.key
             name = key[n:]
             if not key.startswith(kp) or bad_name(name):

@@ -318,16 +318,16 @@ async def test_a_top_up_whose_cookie_is_gone_ends_the_reply(
     async with _gateway(tmp_path) as gw:
         await gw.mount(b"/data")
         ns = gw.export("/data").ns
-        real = ns.readdir
+        real = ns.readdir_rows
         calls: list[int] = []
 
-        async def readdir(path: str, cookie: int, max_entries: int = 1024) -> Any:
+        async def readdir_rows(path: str, cookie: int, max_entries: int = 1024) -> Any:
             calls.append(cookie)
             if len(calls) == 2:
                 raise BadCookie("gone")
             return await real(path, cookie, min(max_entries, 3))
 
-        monkeypatch.setattr(ns, "readdir", readdir)
+        monkeypatch.setattr(ns, "readdir_rows", readdir_rows)
         dfh = gw.gateway.handle_for(gw.export("/data"), "d")
         got = await _reply(
             gw, Nfs3Proc.READDIRPLUS, nfs3.Readdirplus3Args(dfh, 0, bytes(8), 8192, 8192)
