@@ -52,7 +52,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +63,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import netns  # noqa: E402
 
 from loadgen.gwmetrics import Samples  # noqa: E402
 from loadgen.gwprocess import GatewayProcess, free_port  # noqa: E402
@@ -226,29 +228,6 @@ class Nfsgw:
         return self.gw.log_path
 
 
-_GANESHA_CONF = """\
-NFS_CORE_PARAM {{
-  Protocols = 3;
-  NFS_Port = {nfs_port};
-  MNT_Port = {mnt_port};
-  Enable_NLM = false;
-  Enable_RQUOTA = false;
-}}
-NFSV4 {{ Graceless = true; }}
-EXPORT {{
-  Export_Id = 1;
-  Path = {path};
-  Pseudo = {path};
-  Access_Type = RO;
-  Squash = No_Root_Squash;
-  Protocols = 3;
-  Transports = TCP;
-  SecType = sys;
-  FSAL {{ Name = VFS; }}
-}}
-"""
-
-
 class Ganesha:
     """nfs-ganesha (FSAL_VFS, NFSv3 over TCP only, its own ports) exporting the tree, with a
     private rpcbind: only inside the namespaces ``main`` sets up (it binds every address of
@@ -261,26 +240,15 @@ class Ganesha:
         self.nfs_port = free_port()
         self.mnt_port = free_port()
         self.startup_timeout_s = startup_timeout_s
-        self.rpcbind: subprocess.Popen[bytes] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
         self._log = work / "ganesha.log"
 
     def start(self) -> None:
-        self.work.mkdir(parents=True, exist_ok=True)
-        Path("/run/rpcbind").mkdir(parents=True, exist_ok=True)
-        self.rpcbind = subprocess.Popen(
-            ["rpcbind", "-f"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        self._procs = netns.start_ganesha(
+            self.work, self.tree.root, self.nfs_port, self.mnt_port, access="RO"
         )
-        _wait_for(lambda: Path("/run/rpcbind.sock").exists(), 10.0, "rpcbind")
-        conf = self.work / "ganesha.conf"
-        conf.write_text(
-            _GANESHA_CONF.format(
-                nfs_port=self.nfs_port, mnt_port=self.mnt_port, path=self.tree.root
-            )
-        )
-        argv = ["ganesha.nfsd", "-F", "-L", str(self._log), "-f", str(conf)]
-        argv += ["-p", str(self.work / "ganesha.pid")]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.proc = self._procs[0]
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -296,14 +264,7 @@ class Ganesha:
                 time.sleep(0.5)
 
     def stop(self) -> None:
-        for p in (self.proc, self.rpcbind):
-            if p is not None and p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(30)
+        netns.stop(self._procs)
 
     @property
     def pid(self) -> int:
@@ -328,14 +289,6 @@ class Ganesha:
             return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
-
-
-def _wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not ready after {timeout_s:.0f} s")
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------------ client
@@ -878,36 +831,6 @@ def run(args: argparse.Namespace, with_ganesha: bool, ganesha_note: str) -> int:
         signal.alarm(0)
 
 
-def _ganesha_prereqs() -> str:
-    """'' when ganesha can run here, else why not (installs it when missing and root)."""
-    if os.geteuid() != 0:
-        return "skipped: needs root (its rpcbind runs in a private network namespace)"
-    for tool in ("unshare", "ip", "mount"):
-        if shutil.which(tool) is None:
-            return f"skipped: {tool} not found"
-    if shutil.which("ganesha.nfsd") is None or shutil.which("rpcbind") is None:
-        if shutil.which("apt-get") is None:
-            return "skipped: ganesha.nfsd not installed and no apt-get"
-        log("installing nfs-ganesha nfs-ganesha-vfs (apt-get)")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        r = subprocess.run(
-            ["apt-get", "install", "-y", "nfs-ganesha", "nfs-ganesha-vfs", "rpcbind"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if r.returncode != 0 or shutil.which("ganesha.nfsd") is None:
-            return "skipped: apt-get install failed: " + r.stderr.strip()[-300:]
-    return ""
-
-
-def _enter_namespace() -> None:
-    """Inside ``unshare``: loopback up, a private /run for rpcbind's socket and lock."""
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=30)
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run"], check=True, timeout=30)
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--folders", type=int, default=1000)
@@ -941,28 +864,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.inside_namespace:
-        _enter_namespace()
+        netns.enter_namespace()
         return run(args, True, "")
-    note = "skipped: --no-ganesha" if args.no_ganesha else _ganesha_prereqs()
+    note = "skipped: --no-ganesha" if args.no_ganesha else netns.ganesha_prereqs()
     if note:
         log(f"nfs-ganesha {note}")
         return run(args, False, note)
-    # Re-run this script in private network, mount and PID namespaces: the kernel ends every
-    # process left in them when the script (their init) exits.
-    cmd = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
-    own = list(sys.argv[1:] if argv is None else argv)
-    cmd += [sys.executable, str(Path(__file__).resolve()), *own, "--inside-namespace"]
-    with subprocess.Popen(cmd) as child:
-        try:
-            return child.wait(args.timeout + 120)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-            return 1
-        except KeyboardInterrupt:
-            child.send_signal(signal.SIGINT)
-            child.wait(60)
-            return 130
+    # Re-run this script in private namespaces: the kernel ends every process left in them
+    # when the script (their init) exits.
+    return netns.reexec_inside(__file__, argv, args.timeout + 120)
 
 
 if __name__ == "__main__":
