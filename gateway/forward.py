@@ -143,7 +143,12 @@ class OwnerLink:
             w.writelines(frame([head, record]))
             self.stats.routed += 1
             try:
+                # Back-pressure: a slow owner stops this worker's writes at the transport's
+                # high-water mark, not at MAX_ROUTED_INFLIGHT records of buffered bytes.
+                await w.drain()
                 reply = await fut
+            except (ConnectionError, OSError):
+                reply = _LOST  # the link broke while we wrote
             finally:
                 self._pending.pop(tag, None)
             if reply is _LOST:

@@ -49,6 +49,7 @@ from prometheus_client.registry import Collector
 from gateway.ops.admin import check_token
 from gateway.ops.config import ServerConfig, split_listen
 from gateway.ops.metrics import MERGE_MAX, SUPERVISOR_METRICS
+from gateway.ops.warmup import MAX_WARMUP_KEPT
 
 
 class WorkerRoleView(Protocol):
@@ -431,6 +432,8 @@ class FanoutApi:
             self._next_job += 1
             job = _Job(self._next_job, ids)
             self._jobs[job.id] = job
+            while len(self._jobs) > MAX_WARMUP_KEPT:  # as each worker keeps its own
+                del self._jobs[next(iter(self._jobs))]
             status, first = next(a for w, a in pairs if w.role.owner and a is not None)
             return web.json_response(self._job_view(job, first), status=status)
 
