@@ -219,6 +219,14 @@ class ExportConfig:
         default=False,
         metadata=_live(boolean, "only clients on a privileged source port (< 1024)"),
     )
+    data_prefetch: bool = field(
+        default=True,
+        metadata=setting(
+            boolean,
+            "fetch listed small files ahead of READs (with [cache] data_prefetch on)",
+            reload="rebuild",
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name, conv in (("path", _export_path), ("backend", _backend)):

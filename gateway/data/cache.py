@@ -73,6 +73,18 @@ max(memory, disk) / dataset (tests/unit/gateway/test_disk_cache.py, the two-tier
 When everything is on disk (the dataset fits it) the ordinary duel decides, so a warm dataset
 that fits in memory is still served from memory.
 
+Data prefetch and epochs (``gateway.data.prefetch``)
+----------------------------------------------------
+Two more segments serve the data prefetcher. **Ahead** holds whole objects it fetched that no
+READ has used yet (and, after a new pass starts, what was read in the last one): protected,
+evicted only when nothing else is left (counted as ``ahead_wasted`` when never read). A READ
+moves an ahead entry to the window like any new entry. **Spent** holds objects read in the
+current pass (``epochs`` on: a whole object leaving the window goes there, not to the duel for
+main): in an epoch a file that has been read will not be read again, so under pressure spent
+entries go first, oldest first, and the prefetcher may evict them to make room
+(``room_for``), but never anything else: ``room_for`` also keeps the window's share free for
+demand READs. ``new_pass`` turns spent into ahead (O(entries), once per pass).
+
 Accounting: each entry is charged ``len(data) + ENTRY_OVERHEAD`` (dict slots, key tuple, entry
 object). ``used_bytes <= budget_bytes`` holds after every call. An entry larger than the whole
 budget is not cached (the READ that fetched it is still served). Bytes in flight are *not*
@@ -100,23 +112,30 @@ BlockKey = tuple[str, str, str, int]
 ENTRY_OVERHEAD: Final = 640
 
 WINDOW_MIN_ENTRIES: Final = 16
+BURST_ENTRIES: Final = 4
+"""Whole objects read last that ``room_for`` leaves in the window (epochs)."""
 _WINDOW: Final = 0
 _MAIN: Final = 1
 _PREFETCH: Final = 2
+_AHEAD: Final = 3
+_SPENT: Final = 4
 _UNVISITED: Final = -1
 
 
 class _Entry:
-    __slots__ = ("data", "charge", "seg", "mark", "on_disk")
+    __slots__ = ("data", "charge", "seg", "mark", "on_disk", "whole")
 
-    def __init__(self, data: bytes, charge: int, seg: int, mark: int, on_disk: bool) -> None:
+    def __init__(
+        self, data: bytes, charge: int, seg: int, mark: int, on_disk: bool, whole: bool
+    ) -> None:
         self.data = data
         self.charge = charge
         self.seg = seg
         # Value of the cache's visit counter at the last counted visit (_UNVISITED: a
-        # read-ahead block no READ has used yet).
+        # read-ahead block or a prefetched object no READ has used yet).
         self.mark = mark
         self.on_disk = on_disk  # also held by the disk tier (dropping it loses no bytes)
+        self.whole = whole  # a whole small object (read once per epoch: may become spent)
 
 
 class DataCache:
@@ -145,9 +164,15 @@ class DataCache:
         self._window: OrderedDict[BlockKey, _Entry] = OrderedDict()
         self._main: OrderedDict[BlockKey, _Entry] = OrderedDict()
         self._prefetch: OrderedDict[BlockKey, _Entry] = OrderedDict()
+        self._ahead: OrderedDict[BlockKey, _Entry] = OrderedDict()
+        self._spent: OrderedDict[BlockKey, _Entry] = OrderedDict()
         self._window_bytes = 0
         self._main_bytes = 0
         self._prefetch_bytes = 0
+        self._ahead_bytes = 0
+        self._spent_bytes = 0
+        self.epochs = False
+        """Whole objects leaving the window become spent (set by the data prefetcher)."""
         self._visits = 0
         self._sketch = FrequencySketch(max(1024, budget_bytes // max(1, expected_entry_bytes)))
 
@@ -159,7 +184,21 @@ class DataCache:
 
     @property
     def used_bytes(self) -> int:
-        return self._window_bytes + self._main_bytes + self._prefetch_bytes
+        return (
+            self._window_bytes
+            + self._main_bytes
+            + self._prefetch_bytes
+            + self._ahead_bytes
+            + self._spent_bytes
+        )
+
+    @property
+    def ahead_bytes(self) -> int:
+        return self._ahead_bytes
+
+    @property
+    def spent_bytes(self) -> int:
+        return self._spent_bytes
 
     @property
     def prefetch_cap_bytes(self) -> int:
@@ -190,9 +229,18 @@ class DataCache:
             self._main.move_to_end(bkey)
             if self._visits - e.mark > len(self._window):
                 self._visit(bkey, e)
-        else:  # first READ of a read-ahead block: it becomes an ordinary new entry
-            del self._prefetch[bkey]
-            self._prefetch_bytes -= e.charge
+        else:  # read-ahead, prefetched or spent: it becomes an ordinary new entry
+            if seg == _PREFETCH:
+                del self._prefetch[bkey]
+                self._prefetch_bytes -= e.charge
+            elif seg == _AHEAD:
+                del self._ahead[bkey]
+                self._ahead_bytes -= e.charge
+                if e.mark == _UNVISITED:
+                    self.stats.ahead_used += 1
+            else:
+                del self._spent[bkey]
+                self._spent_bytes -= e.charge
             e.seg = _WINDOW
             self._window[bkey] = e
             self._window_bytes += e.charge
@@ -212,23 +260,38 @@ class DataCache:
         self._sketch.increment(key_hash(*bkey))
 
     def insert(
-        self, bkey: BlockKey, data: bytes, *, prefetched: bool = False, on_disk: bool = False
+        self,
+        bkey: BlockKey,
+        data: bytes,
+        *,
+        prefetched: bool = False,
+        on_disk: bool = False,
+        whole: bool = False,
+        ahead: bool = False,
     ) -> bool:
         """Cache ``data`` for ``bkey``; False when it was not kept (larger than the budget, or
         already present). ``prefetched``: read-ahead no READ has asked for yet; ``on_disk``:
-        the disk tier holds it too (see "Two tiers" in the module docstring)."""
+        the disk tier holds it too (see "Two tiers" in the module docstring); ``whole``: a
+        whole small object; ``ahead``: fetched by the data prefetcher, kept only if
+        ``room_for`` finds room (nothing but spent entries is evicted for it)."""
         if bkey in self._entries:
             return False
         charge = len(data) + ENTRY_OVERHEAD
         if charge > self._budget or (prefetched and charge > self._prefetch_cap):
             self.stats.uncacheable += 1
             return False
-        if prefetched:
-            e = _Entry(data, charge, _PREFETCH, _UNVISITED, on_disk)
+        if ahead:
+            if not self.room_for(charge):
+                return False
+            e = _Entry(data, charge, _AHEAD, _UNVISITED, on_disk, whole)
+            self._ahead[bkey] = e
+            self._ahead_bytes += charge
+        elif prefetched:
+            e = _Entry(data, charge, _PREFETCH, _UNVISITED, on_disk, whole)
             self._prefetch[bkey] = e
             self._prefetch_bytes += charge
         else:
-            e = _Entry(data, charge, _WINDOW, self._visits, on_disk)
+            e = _Entry(data, charge, _WINDOW, self._visits, on_disk, whole)
             self._window[bkey] = e
             self._window_bytes += charge
         self._entries[bkey] = e
@@ -245,6 +308,39 @@ class DataCache:
         self._rebalance()
         self._update_gauges()
         return True
+
+    def room_for(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit while the window's share stays free, after evicting
+        spent entries (oldest first) if needed; nothing else is evicted."""
+        limit = self._budget - self._window_share
+        while self.used_bytes + nbytes > limit and self._spent:
+            k, e = self._spent.popitem(last=False)
+            self._spent_bytes -= e.charge
+            self._forget(k, e)
+        # Then whole objects read this pass from the window, bar the last few (a burst of
+        # READs of one file comes within milliseconds of its first).
+        window = self._window
+        while self.used_bytes + nbytes > limit and self.epochs and len(window) > BURST_ENTRIES:
+            k, e = next(iter(window.items()))
+            if not e.whole:
+                break
+            del window[k]
+            self._window_bytes -= e.charge
+            self._forget(k, e)
+        self._update_gauges()
+        return self.used_bytes + nbytes <= limit
+
+    def new_pass(self) -> int:
+        """A new pass (epoch) began: what was read in the last one is unread in this one
+        (spent becomes ahead). Returns the entries moved."""
+        n = len(self._spent)
+        for k, e in self._spent.items():
+            e.seg = _AHEAD
+            self._ahead[k] = e
+        self._ahead_bytes += self._spent_bytes
+        self._spent.clear()
+        self._spent_bytes = 0
+        return n
 
     # -- policy --------------------------------------------------------------------------
 
@@ -269,7 +365,13 @@ class DataCache:
             self._admit(k, e)
         # The window may still push the total over budget (it grew while main was full):
         # keep shrinking it through the same duel, so main never loses an entry for free.
+        # Spent entries go first: this pass will not read them again.
         while self.used_bytes > self._budget:
+            if self._spent:
+                k, e = self._spent.popitem(last=False)
+                self._spent_bytes -= e.charge
+                self._forget(k, e)
+                continue
             if len(window) > 1:
                 k, e = window.popitem(last=False)
                 self._window_bytes -= e.charge
@@ -281,12 +383,21 @@ class DataCache:
             elif self._main:
                 k, e = self._main.popitem(last=False)
                 self._main_bytes -= e.charge
+            elif self._ahead:  # last: what this pass is still going to read
+                k, e = self._ahead.popitem(last=False)
+                self._ahead_bytes -= e.charge
             else:  # pragma: no cover - a single entry never exceeds the budget (insert checks)
                 break
             self._forget(k, e)
 
     def _admit(self, k: BlockKey, e: _Entry) -> None:
-        """Move a window evictee into main, or drop it if it loses the frequency duel."""
+        """Move a window evictee into main, or drop it if it loses the frequency duel; in
+        epochs, a whole object read in this pass becomes spent instead."""
+        if self.epochs and e.whole:
+            e.seg = _SPENT
+            self._spent[k] = e
+            self._spent_bytes += e.charge
+            return
         main = self._main
         need = self.used_bytes + e.charge - self._budget
         if need > 0:
@@ -326,7 +437,10 @@ class DataCache:
         self._unindex(k)
         self.stats.evictions += 1
         if e.mark == _UNVISITED:
-            self.stats.readahead_unused += 1
+            if e.seg == _AHEAD:
+                self.stats.ahead_wasted += 1
+            else:
+                self.stats.readahead_unused += 1
 
     def _unindex(self, k: BlockKey) -> None:
         obj = (k[0], k[1])
@@ -350,9 +464,17 @@ class DataCache:
         elif e.seg == _MAIN:
             del self._main[k]
             self._main_bytes -= e.charge
-        else:
+        elif e.seg == _PREFETCH:
             del self._prefetch[k]
             self._prefetch_bytes -= e.charge
+        elif e.seg == _AHEAD:
+            del self._ahead[k]
+            self._ahead_bytes -= e.charge
+            if e.mark == _UNVISITED:
+                self.stats.ahead_wasted += 1
+        else:
+            del self._spent[k]
+            self._spent_bytes -= e.charge
 
     def invalidate(self, store_name: str, key: str, etag: str | None = None) -> int:
         """Drop the cached blocks of ``key`` (of one version when ``etag`` is given).
@@ -376,6 +498,9 @@ class DataCache:
         self._window.clear()
         self._main.clear()
         self._prefetch.clear()
+        self._ahead.clear()
+        self._spent.clear()
         self._window_bytes = self._main_bytes = self._prefetch_bytes = 0
+        self._ahead_bytes = self._spent_bytes = 0
         self._sketch = FrequencySketch(self._sketch.capacity)
         self._update_gauges()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.settings import INLINE, setting, size
+from gateway.settings import INLINE, boolean, int_in, setting, size
 
 MiB = 1024 * 1024
 
@@ -58,6 +58,74 @@ class DiskConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefetchConfig:
+    """The data prefetcher (``gateway.data.prefetch``), inlined in ``[cache]``."""
+
+    enabled: bool = field(
+        default=True,
+        metadata=setting(
+            boolean,
+            "disable data prefetch (fetching a listed directory's small files ahead of READs)",
+            key="data_prefetch",
+            flag="--no-data-prefetch",
+        ),
+    )
+    concurrency: int = field(
+        default=24,
+        metadata=setting(
+            int_in(1, 1024),
+            "most objects the data prefetcher fetches at once (it backs off under SlowDown/503)",
+            key="prefetch_concurrency",
+            flag="--prefetch-concurrency",
+        ),
+    )
+    max_size: int | None = field(
+        default=None,
+        metadata=setting(
+            size(0, 1 << 30),
+            "largest object the data prefetcher fetches",
+            key="prefetch_max_size",
+            flag="--prefetch-max-size",
+            default_text="small_file_max",
+        ),
+    )
+    max_inflight_bytes: int = field(
+        default=64 * MiB,
+        metadata=setting(
+            size(1 * MiB),
+            "bytes the data prefetcher may have requested and not received",
+            key="prefetch_inflight",
+            flag="--prefetch-inflight",
+        ),
+    )
+    pass_fraction: float = 0.95
+    """A new pass (epoch) starts once this share of the files of the directories being read
+    has been read in the current one."""
+    max_dirs: int = 1_000_000
+    """Directories tracked (their listing is the namespace's, not a copy: a reference and
+    a bitmap of one bit per entry each)."""
+    max_retries: int = 16_384
+    """Failed objects waiting to be retried (oldest dropped first)."""
+    retry_after_s: float = 5.0
+    attempts: int = 3
+    """Tries per object and pass (then left to demand READs)."""
+    backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    """After a retried backend request (503/SlowDown/connection error) the prefetcher halves
+    its concurrency and pauses, doubling the pause up to this while they continue."""
+    idle_poll_s: float = 0.05
+    """While the cache has no room: how often to look again."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.pass_fraction <= 1:
+            raise ValueError("pass_fraction must be in (0, 1]")
+        if self.max_dirs < 1 or self.attempts < 1 or self.max_retries < 0:
+            raise ValueError("max_dirs and attempts must be >= 1, max_retries >= 0")
+        if min(self.retry_after_s, self.backoff_s, self.max_backoff_s, self.idle_poll_s) <= 0:
+            raise ValueError("prefetch intervals must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
 class DataConfig:
     small_file_max: int = field(
         default=4 * MiB,
@@ -81,15 +149,17 @@ class DataConfig:
     """Per stream; also capped at half the cache's read-ahead share."""
     max_request_bytes: int = 8 * MiB
     """Largest ranged GET read-ahead coalesces adjacent blocks into (at least one block)."""
-    max_inflight_fetches: int = 32
-    max_readahead_fetches: int = 24
-    """Of ``max_inflight_fetches``; the rest is reserved for demand fetches."""
+    max_inflight_fetches: int = 40
+    max_readahead_fetches: int = 32
+    """Of ``max_inflight_fetches`` (read-ahead, data prefetch and warm-ups); the rest is
+    reserved for demand fetches."""
     max_readahead_inflight_bytes: int = 256 * MiB
     """Read-ahead requested but not landed yet (running or queued for a slot)."""
     max_streams: int = 4096
     """Objects with read-ahead state (LRU)."""
     max_streams_per_object: int = 8
     disk: DiskConfig = field(default_factory=DiskConfig, metadata=INLINE)
+    prefetch: PrefetchConfig = field(default_factory=PrefetchConfig, metadata=INLINE)
     fetch_timeout_s: float | None = 300.0
     """Safety net around one GET (slot wait excluded); the backend's own timeouts and retries
     should fire first. Expiry fails the waiters with ``BackendUnavailable``."""

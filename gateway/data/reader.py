@@ -51,7 +51,7 @@ GETs run under ``max_inflight_fetches`` slots; read-ahead may hold at most
 ``max_readahead_fetches`` of them, and a freed slot always goes to a waiting demand fetch
 first (a READ waiting on a queued read-ahead fetch promotes it). Memory outside the cache
 budget: bodies being received are bounded by the slots (``max_inflight_fetches x
-max_request_bytes``, 256 MiB by default; a demand GET is at most one small object or the
+max_request_bytes``, 320 MiB by default; a demand GET is at most one small object or the
 blocks of one READ); read-ahead requested but not landed is capped at
 ``max_readahead_inflight_bytes`` (queued fetches hold no buffer). Landed read-ahead is charged
 to the cache (its prefetch share). Demand fetches are not capped here: each READ starts at most
@@ -116,6 +116,7 @@ class _Fetch:
         "task",
         "skip",
         "dkeys",
+        "ahead",
     )
 
     def __init__(
@@ -137,6 +138,7 @@ class _Fetch:
         self.task: asyncio.Task[None] | None = None
         self.skip = 0  # the GET starts this far into the span (blocks found on disk)
         self.dkeys: list[DiskKey] = []  # the disk tier's key of each block
+        self.ahead = False  # the data prefetcher's (``prefetch``)
 
 
 class _Pending:
@@ -206,6 +208,9 @@ class ObjectReader:
         self._slots = FetchSlots(cfg.max_inflight_fetches, cfg.max_readahead_fetches, self.stats)
         self._streams: OrderedDict[tuple[str, str], _ObjectStreams] = OrderedDict()
         self._ra_inflight_bytes = 0
+        self.on_open: Callable[[str, str], None] | None = None
+        """Called with (store name, key) at every READ at offset 0 of a small object (the
+        data prefetcher's record of what this pass has read)."""
         self._max_run = max(1, cfg.max_request_bytes // cfg.block_size)  # blocks per GET
         # Read-ahead lands in the cache's prefetch share: a window larger than half of it
         # would push its own blocks out before they are read.
@@ -285,6 +290,8 @@ class ObjectReader:
         stats = self.stats
         if size <= self._cfg.small_file_max:
             bkey = (store.name, key, etag, 0)
+            if offset == 0 and self.on_open is not None:
+                self.on_open(store.name, key)
             data = self._cache.lookup(bkey)
             if data is not None:
                 stats.hits += 1
@@ -339,6 +346,27 @@ class ObjectReader:
             return parts[0]
         return b"".join(parts)
 
+    # -- data prefetch -------------------------------------------------------------------
+
+    def prefetch(
+        self, store: ObjectStore, key: str, etag: str, size: int
+    ) -> asyncio.Future[bytes] | None:
+        """Start fetching small object version ``etag`` (``size`` bytes) ahead of any READ,
+        as a read-ahead-class GET (demand fetches go first; a READ joining it promotes it);
+        the bytes land in the cache's ahead segment if it has room then (``DataCache.insert``).
+        None when it is cached, already being fetched, empty or not a small object."""
+        if not 0 < size <= self._cfg.small_file_max:
+            return None
+        bkey = (store.name, key, etag, 0)
+        if bkey in self._cache or bkey in self._inflight:
+            return None
+        return self._start_fetch(store, key, etag, size, 0, 1, demand=False, ahead=True)[0]
+
+    def cached(self, store_name: str, key: str, etag: str) -> bool:
+        """Whether small object version ``etag`` is in memory or being fetched."""
+        bkey = (store_name, key, etag, 0)
+        return bkey in self._cache or bkey in self._inflight
+
     # -- single-flight fetches -----------------------------------------------------------
 
     def _join(self, bkey: BlockKey) -> asyncio.Future[bytes] | None:
@@ -347,6 +375,8 @@ class ObjectReader:
         if p is None:
             return None
         self.stats.joined += 1
+        if p.fetch.ahead:
+            self.stats.ahead_joined += 1
         if not p.demanded:
             p.demanded = True
             self._cache.note_miss(bkey)
@@ -363,6 +393,7 @@ class ObjectReader:
         n: int,
         *,
         demand: bool,
+        ahead: bool = False,
     ) -> list[asyncio.Future[bytes]]:
         loop = asyncio.get_running_loop()
         if size <= self._cfg.small_file_max:
@@ -377,6 +408,7 @@ class ObjectReader:
                 (b * bs - start, min((b + 1) * bs, size) - start) for b in range(first, first + n)
             ]
         f.demand = demand
+        f.ahead = ahead
         futs: list[asyncio.Future[bytes]] = []
         for i, (lo, hi) in enumerate(spans):
             bkey = (store.name, key, etag, first + i)
@@ -388,7 +420,7 @@ class ObjectReader:
             futs.append(fut)
             if demand:
                 self._cache.note_miss(bkey)
-        if not demand:
+        if not demand and not ahead:
             f.ra_bytes = f.nbytes
             self._ra_inflight_bytes += f.ra_bytes
             self.stats.readahead_blocks += n
@@ -448,7 +480,7 @@ class ObjectReader:
                 missing.append((lo, hi))
                 continue
             if f.cacheable and self._inflight.get(bkey) is p:
-                self._cache.insert(bkey, data, prefetched=not p.demanded, on_disk=True)
+                self._insert(f, bkey, p, data, on_disk=True)
             if not p.future.done():
                 p.future.set_result(data)
         if not missing:
@@ -459,7 +491,6 @@ class ObjectReader:
         return False
 
     def _deliver(self, f: _Fetch, data: bytes) -> None:
-        cache = self._cache
         disk = self._disk if f.cacheable and f.dkeys else None
         whole = len(f.blocks) == 1
         mv = memoryview(data)
@@ -474,8 +505,20 @@ class ObjectReader:
                 disk.publish(f.dkeys[i], chunk)
                 on_disk = True
             if f.cacheable and self._inflight.get(bkey) is p:
-                cache.insert(bkey, chunk, prefetched=not p.demanded, on_disk=on_disk)
+                self._insert(f, bkey, p, chunk, on_disk=on_disk)
             p.future.set_result(chunk)
+
+    def _insert(self, f: _Fetch, bkey: BlockKey, p: _Pending, data: bytes, on_disk: bool) -> None:
+        unread = not p.demanded
+        if not self._cache.insert(
+            bkey,
+            data,
+            prefetched=unread and not f.ahead,
+            on_disk=on_disk,
+            whole=f.end is None,
+            ahead=unread and f.ahead,
+        ) and (unread and f.ahead):
+            self.stats.ahead_dropped += 1
 
     def _fail(self, f: _Fetch, exc: BaseException | None) -> None:
         for _, p, _, _ in f.blocks:

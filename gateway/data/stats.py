@@ -33,6 +33,15 @@ class DataStats:
     """Blocks requested by read-ahead (not by a READ that needed them)."""
     readahead_unused: int = 0
     """Read-ahead blocks dropped from memory before any READ used them."""
+    ahead_used: int = 0
+    """Objects the data prefetcher fetched that a READ then used (useful prefetches)."""
+    ahead_joined: int = 0
+    """READs that joined a data prefetch in flight (it then ran as a demand fetch)."""
+    ahead_dropped: int = 0
+    """Prefetched objects not kept: no room left when they landed (demand READs took it)."""
+    ahead_wasted: int = 0
+    """Objects the data prefetcher fetched that left memory before any READ used them
+    (evicted or invalidated: wasted prefetches)."""
     evictions: int = 0
     """Entries dropped for space, including candidates the admission filter turned away."""
     rejected: int = 0

@@ -64,13 +64,14 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 import structlog
 
 from gateway.backend.base import BackendError, ListPage, ObjectInfo, ObjectStore
 from gateway.clock import Clock
 from gateway.errors import NameTooLong, NotDirectory, NotFound, StaleHandle, from_backend
+from gateway.namespace.columns import Columns
 from gateway.namespace.config import NamespaceConfig
 from gateway.namespace.cookies import Verifiers
 from gateway.namespace.dirattrs import DirAttrs
@@ -91,6 +92,15 @@ log = structlog.get_logger(__name__)
 JITTER: Final = 0.2
 """A view's freshness ends up to this fraction of its TTL early (never late), at random, so
 directories listed together are re-listed spread over time."""
+
+
+class DirWatcher(Protocol):
+    """Told of every finished listing and every directory the index drops (the data
+    prefetcher, ``gateway.data.prefetch``)."""
+
+    def listed(self, store: ObjectStore, key_prefix: str, cols: Columns) -> None: ...
+
+    def dropped(self, store: ObjectStore, key_prefix: str) -> None: ...
 
 
 class Namespace:
@@ -126,6 +136,7 @@ class Namespace:
         self.dir_attrs = DirAttrs(cfg.dir_times_max)
         self.moved = Moved(cfg.dir_times_max)
         self._root = self._dir_entry("", "")
+        self.watcher: DirWatcher | None = None
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -417,6 +428,8 @@ class Namespace:
         if partial:
             self.stats.truncated_dirs += 1
             log.warning("dir_truncated", dir=d.path, pages=lst.pages, entries=entries)
+        if self.watcher is not None and d.cols is not None:
+            self.watcher.listed(self.store, d.key_prefix, d.cols)
         self._evict()
 
     # -- lookups -------------------------------------------------------------------------------
@@ -622,6 +635,8 @@ class Namespace:
 
     def _drop(self, d: Directory) -> None:
         del self._dirs[d.path]
+        if self.watcher is not None:
+            self.watcher.dropped(self.store, d.key_prefix)
         self._account(-d.bytes, -d.count())
         self.stats.dirs = len(self._dirs)
 

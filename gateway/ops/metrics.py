@@ -277,6 +277,60 @@ METRICS: tuple[MetricDef, ...] = (
        _F("data", "queued_inflight")),
     _M("nfsgw_data_pending_fetch_bytes", GAUGE, "Bytes requested by fetches running or queued",
        (), _F("data", "pending_fetch_bytes")),
+    # -- data prefetch: data.PrefetchStats (and the ahead_* fields of data.DataStats) ------------
+    _M("nfsgw_prefetch_objects_total", COUNTER,
+       "Objects the data prefetcher fetched ahead of READs (into memory or the disk tier)", (),
+       _F("prefetch", "objects")),
+    _M("nfsgw_prefetch_bytes_total", COUNTER, "Bytes the data prefetcher fetched", (),
+       _F("prefetch", "bytes")),
+    _M("nfsgw_prefetch_disk_objects_total", COUNTER,
+       "Prefetched objects written straight to the disk tier (memory had no room)", (),
+       _F("prefetch", "disk_objects")),
+    _M("nfsgw_prefetch_useful_total", COUNTER,
+       "Prefetched objects a READ then found in memory (useful prefetches)", (),
+       _F("data", "ahead_used")),
+    _M("nfsgw_prefetch_joined_total", COUNTER,
+       "READs that joined a prefetch in flight (no second GET)", (), _F("data", "ahead_joined")),
+    _M("nfsgw_prefetch_wasted_total", COUNTER,
+       "Prefetched objects evicted or invalidated before any READ used them", (),
+       _F("data", "ahead_wasted")),
+    _M("nfsgw_prefetch_dropped_total", COUNTER,
+       "Prefetched objects not kept: no room left in memory when they landed", (),
+       _F("data", "ahead_dropped")),
+    _M("nfsgw_prefetch_errors_total", COUNTER,
+       "Prefetches that failed (retried later; no client READ fails for them)", (),
+       _F("prefetch", "errors")),
+    _M("nfsgw_prefetch_changed_total", COUNTER,
+       "Prefetches of objects changed or deleted since they were listed (skipped)", (),
+       _F("prefetch", "changed")),
+    _M("nfsgw_prefetch_backoffs_total", COUNTER,
+       "Times the prefetcher halved its concurrency after retried backend requests", (),
+       _F("prefetch", "backoffs")),
+    _M("nfsgw_prefetch_passes_total", COUNTER,
+       "Passes (epochs) that ended: most files of the directories being read were read", (),
+       _F("prefetch", "passes")),
+    _M("nfsgw_prefetch_dirs", GAUGE, "Directories the data prefetcher tracks", (),
+       _F("prefetch", "dirs")),
+    _M("nfsgw_prefetch_queued_dirs", GAUGE, "Directories with files left to prefetch this pass",
+       (), _F("prefetch", "queued_dirs")),
+    _M("nfsgw_prefetch_queued_files", GAUGE,
+       "Entries of queued directories not yet considered, plus objects waiting for a retry", (),
+       _F("prefetch", "queued_files")),
+    _M("nfsgw_prefetch_inflight", GAUGE, "Objects being prefetched", (),
+       _F("prefetch", "inflight")),
+    _M("nfsgw_prefetch_inflight_bytes", GAUGE, "Bytes being prefetched", (),
+       _F("prefetch", "inflight_bytes")),
+    _M("nfsgw_prefetch_concurrency", GAUGE,
+       "Current limit on objects being prefetched (lower while backing off)", (),
+       _F("prefetch", "concurrency")),
+    _M("nfsgw_prefetch_waiting_room", GAUGE,
+       "1 while the cache has no room for more prefetched data", (),
+       _F("prefetch", "waiting_room")),
+    _M("nfsgw_prefetch_pass_files", GAUGE,
+       "Files of the directories read in this pass or the last", (),
+       _F("prefetch", "pass_files")),
+    _M("nfsgw_prefetch_pass_read_files", GAUGE, "Of those, files read in this pass", (),
+       _F("prefetch", "pass_read")),
     # -- disk tier: data.DiskStats (per worker; gauges are each worker's view of the shared
     #    directory: aggregate them with max) ---------------------------------------------------
     _M("nfsgw_disk_cache_hits_total", COUNTER,
@@ -595,6 +649,7 @@ class Metrics(CallObserver):
         # Plain counters for in-process readers (tests, /v1/stats, loadgen).
         self.calls: Counter[str] = Counter()
         self.backend: Counter[str] = Counter()
+        self.backend_retries = 0  # attempts that will be retried: 503, SlowDown, resets
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -660,6 +715,8 @@ class Metrics(CallObserver):
             h = self.s3[(op, outcome)] = _Hist()
         h.observe(seconds)
         self.backend[op] += 1
+        if outcome == "retry":
+            self.backend_retries += 1
 
     # -- scrape time ------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from gateway.backend import open_store, parse_store_url
 from gateway.backend.base import ObjectStore, RequestObserver
 from gateway.clock import Clock, SystemClock
 from gateway.data import DataCache, DataStats, DiskStats, ObjectReader, open_disk_tier
+from gateway.data.prefetch import DataPrefetcher, PrefetchStats
 from gateway.dispatch import Dispatcher
 from gateway.drc import DuplicateRequestCache
 from gateway.exports import Export, ExportConfig, export_id_for
@@ -88,6 +89,9 @@ class Server:
         self.config_loader = config_loader
         self.metrics = Metrics()
         self.drc = DuplicateRequestCache(config.server.nfs.drc, self.clock)
+        self.prefetcher: DataPrefetcher | None = None
+        self.prefetch_stats = PrefetchStats()
+        self._writes: WriteManager | None = None
         self.dispatcher = Dispatcher(self.metrics, self.drc)
         self.conn_stats = ConnectionStats()
         self.connections: set[RpcConnection] = set()
@@ -137,6 +141,8 @@ class Server:
             spool_dir = spool_dir / f"worker-{role.index}"
         writes = WriteManager(dataclasses.replace(c.writes, spool_dir=spool_dir), reader)
         gw = Gateway(c.server.nfs, handles, reader, writes)
+        self._writes = writes
+        self.prefetcher = self._make_prefetcher(reader, disk is not None)
         self.metrics.add_stats("data", data_stats)
         self.metrics.add_stats("conn", self.conn_stats)
         self.metrics.add_stats("gateway", gw.stats)
@@ -144,6 +150,7 @@ class Server:
         self.metrics.add_stats("writes", writes.stats)
         self.metrics.add_stats("server", self._server_stats)
         self.metrics.add_stats("drc", self.drc.stats)
+        self.metrics.add_stats("prefetch", self.prefetch_stats)
         for ec in c.exports:
             gw.add_export(self._make_export(ec))
         self.gateway = gw
@@ -151,6 +158,8 @@ class Server:
         self.metrics.prepare()
         self.warmups = Warmups(gw, self.clock)
         self.metrics.add_stats("warmup", self.warmups.stats)
+        if self.prefetcher is not None:
+            self.prefetcher.start()
 
         loop = asyncio.get_running_loop()
         limits = c.server.transport
@@ -225,6 +234,32 @@ class Server:
         n = len(gw.exports) if gw else 0
         return f"serving {n} export{'s' if n != 1 else ''} on port {self.port}"
 
+    def _make_prefetcher(self, reader: ObjectReader, disk: bool) -> DataPrefetcher | None:
+        """The data prefetcher (``gateway.data.prefetch``), or None when it is off. One
+        process fills its memory tier (and the disk tier once memory is full); with several
+        workers each fills only the shared disk tier, so without one it stays off."""
+        cfg = self.config.cache.data.prefetch
+        if not cfg.enabled or not self.config.cache.coalesce:
+            return None
+        workers = self.role is not None and self.role.count > 1
+        if workers and not disk:
+            if self.role is not None and self.role.index == 0:
+                log.warning(
+                    "data_prefetch_off",
+                    reason="several workers and no disk tier (cache_dir): prefetched data "
+                    "would land in one worker's memory",
+                )
+            return None
+        p = DataPrefetcher(
+            reader,
+            cfg,
+            memory=not workers,
+            pressure=lambda: self.metrics.backend_retries,
+            stats=self.prefetch_stats,
+        )
+        reader.on_open = p.note_open
+        return p
+
     def _make_export(self, ec: ExportConfig) -> Export:
         c = self.config
         if self.store_factory is not None:
@@ -241,7 +276,18 @@ class Server:
             stats=ns_stats,
         )
         self.metrics.add_stats("namespace", ns_stats)
-        return Export(export_id_for(ec.path), ec, store, ns, prefix)
+        export = Export(export_id_for(ec.path), ec, store, ns, prefix)
+        if self.prefetcher is not None and ec.data_prefetch:
+            ns.watcher = self.prefetcher.watch(self._being_written(export))
+        return export
+
+    def _being_written(self, export: Export) -> Callable[[str], bool] | None:
+        """For a read-write export: whether a key has writes staged (not prefetched)."""
+        writes = self._writes
+        if export.cfg.read_only or writes is None:
+            return None
+        n = len(export.prefix)
+        return lambda key: writes.staged(export, key[n:]) is not None
 
     def _open_store(self, ec: ExportConfig) -> ObjectStore:
         observer = self.metrics.backend_request
@@ -471,7 +517,9 @@ class Server:
                 # clients resend anything not committed (the write verifier changes).
                 left = max(0.0, deadline - self.clock.monotonic())
                 await writes.close(commit_timeout_s=left)
-            # Fetches still in flight (read-ahead) use the stores: stop them first.
+            # Fetches still in flight (read-ahead, prefetch) use the stores: stop them first.
+            if self.prefetcher is not None:
+                await self.prefetcher.close()
             await self.gateway.reader.close()
             if self.gateway.reader.disk is not None:
                 await self.gateway.reader.disk.close()

@@ -72,8 +72,11 @@ def gateway_config(
     state_dir: Path, exports: Sequence[ExportConfig], **settings: Any
 ) -> ServerConfig:
     """A configuration for an in-process gateway: 127.0.0.1, a free port, asyncio's own loop,
-    a 64 MiB data cache; ``settings`` are ``ServerConfig.of``'s (``writes_part_size=...``)."""
+    a 64 MiB data cache, data prefetch off (``cache_data_prefetch=True`` turns it on: with it
+    off, every request count a test asserts is exactly what the gateway did before it existed);
+    ``settings`` are ``ServerConfig.of``'s (``writes_part_size=...``)."""
     settings.setdefault("cache_memory", 64 << 20)
+    settings.setdefault("cache_data_prefetch", False)
     return ServerConfig.of(
         exports,
         server_listen="127.0.0.1",

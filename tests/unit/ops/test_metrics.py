@@ -16,6 +16,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.data import DataStats, DiskStats
+from gateway.data.prefetch import PrefetchStats
 from gateway.drc import DrcStats
 from gateway.forward import RouteStats
 from gateway.namespace import NamespaceStats
@@ -48,6 +49,7 @@ LAYERS: dict[str, type] = {
     "server": ServerStats,
     "warmup": WarmupStats,
     "route": RouteStats,
+    "prefetch": PrefetchStats,
 }
 
 

@@ -1,0 +1,446 @@
+"""Data prefetch (DESIGN §3 "Data prefetch"): fetch a listed directory's small files before
+any READ asks for them, so a cold epoch runs at backend bandwidth instead of client workers ÷
+backend latency.
+
+Owns: which object to fetch next, the bounds on prefetching, and the record of what the
+current pass (epoch) has read. Must not: fetch itself (``ObjectReader.prefetch`` and
+``warm.warm_object`` do, single-flight with READs), evict (``DataCache.room_for`` decides what
+room there is), or know about NFS.
+
+- **What.** Every finished listing (``Namespace.watcher``) registers the directory: a
+  reference to its ``Columns`` (no copy) and a bitmap of one bit per entry. Directories are
+  walked in the order they were listed, each in name order, for files of 1 byte to
+  ``prefetch_max_size`` (default ``small_file_max``) that are not cached, not being fetched,
+  not read in this pass and (read-write exports) not being written.
+- **Demand first.** A prefetch is a read-ahead-class GET: a freed GET slot goes to a demand
+  fetch first; a READ of an object being prefetched joins that GET (no second request) and
+  promotes it to demand.
+- **Never evicts what will be read.** An object is fetched only when the memory tier has room
+  for it and for everything already in flight, after dropping objects read in this pass
+  (``DataCache.room_for``), leaving the window's share free for demand READs. Without room,
+  it goes to the disk tier when that has room (``warm_object``: never evicts); else the
+  prefetcher waits and looks again every ``idle_poll_s``. With several worker processes only
+  the shared disk tier is filled (a worker's memory serves only its own connections).
+- **Epochs.** ``note_open`` (every READ at offset 0 of a small object) sets the file's bit. A
+  pass ends once ``pass_fraction`` (95 %) of the files of the directories read in this pass
+  or the last have been read: bits clear, every directory is walked again, and what memory
+  holds becomes "unread" again (``DataCache.new_pass``). In between, the cache drops files
+  read in this pass first (the "spent" segment), so with a dataset twice the cache the
+  prefetcher keeps the cache full of files the epoch has not reached yet.
+- **Polite.** At most ``prefetch_concurrency`` objects and ``prefetch_inflight`` bytes at
+  once. A backend request retried anywhere in the gateway (503, SlowDown, a connection
+  error: ``pressure``) halves the concurrency and pauses the prefetcher (0.5 s, doubling to
+  ``max_backoff_s`` while they continue); successes add one back. A failed object is counted
+  and retried later (``attempts`` per pass); a client READ never waits for a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from gateway.backend.base import (
+    BackendError,
+    BackendUnavailable,
+    ObjectNotFound,
+    ObjectStore,
+    PreconditionFailed,
+)
+from gateway.data.cache import ENTRY_OVERHEAD
+from gateway.data.config import PrefetchConfig
+from gateway.data.reader import ObjectReader
+from gateway.data.warm import warm_object
+from gateway.errors import VersionChanged
+from gateway.namespace.columns import KIND_FILE, Columns
+
+__all__ = ["DataPrefetcher", "PrefetchStats"]
+
+log = structlog.get_logger("nfsgw.prefetch")
+
+
+@dataclass(slots=True)
+class PrefetchStats:
+    # Counters (monotonic).
+    objects: int = 0
+    """Objects fetched ahead of READs (into memory or the disk tier)."""
+    bytes: int = 0
+    disk_objects: int = 0
+    """Of ``objects``, those written straight to the disk tier (memory had no room)."""
+    errors: int = 0
+    """Prefetches that failed (retried later, up to ``attempts`` per pass)."""
+    changed: int = 0
+    """Prefetches of objects that had changed or gone since listed (skipped)."""
+    backoffs: int = 0
+    """Times the prefetcher halved its concurrency after retried backend requests."""
+    passes: int = 0
+    """Passes (epochs) that ended: most files of the directories being read were read."""
+    # Gauges.
+    dirs: int = 0
+    """Directories tracked."""
+    queued_dirs: int = 0
+    """Directories with files left to consider in this pass."""
+    queued_files: int = 0
+    """Entries of queued directories not yet considered, plus objects waiting for a retry."""
+    inflight: int = 0
+    inflight_bytes: int = 0
+    concurrency: int = 0
+    """Current limit on objects in flight (``prefetch_concurrency`` unless backing off)."""
+    waiting_room: int = 0
+    """1 while the cache has no room (the prefetcher resumes when it has)."""
+    pass_files: int = 0
+    """Files of the directories read in this pass or the last."""
+    pass_read: int = 0
+    """Of those, files read in this pass."""
+
+
+class _Dir:
+    __slots__ = ("store", "prefix", "cols", "skip", "bits", "cursor", "queued", "read_in")
+
+    def __init__(
+        self, store: ObjectStore, prefix: str, cols: Columns, skip: Callable[[str], bool] | None
+    ) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.cols = cols
+        self.skip = skip
+        self.bits = bytearray((cols.n + 7) // 8)
+        self.cursor = 0
+        self.queued = False
+        self.read_in = -2  # the last pass with a read here (active: this one or the last)
+
+
+class DataPrefetcher:
+    """Fetches the small files of listed directories ahead of READs (module docstring)."""
+
+    def __init__(
+        self,
+        reader: ObjectReader,
+        config: PrefetchConfig | None = None,
+        *,
+        memory: bool = True,
+        pressure: Callable[[], int] | None = None,
+        stats: PrefetchStats | None = None,
+    ) -> None:
+        self._reader = reader
+        self._cache = reader.cache
+        self._cfg = cfg = config if config is not None else PrefetchConfig()
+        self._memory = memory
+        self._pressure = pressure
+        self._last_pressure = pressure() if pressure is not None else 0
+        self.stats = stats if stats is not None else PrefetchStats()
+        small = reader.config.small_file_max
+        self._max_size = small if cfg.max_size is None else min(cfg.max_size, small)
+        self._dirs: OrderedDict[tuple[str, str], _Dir] = OrderedDict()
+        self._queue: deque[_Dir] = deque()
+        self._retry: deque[tuple[float, _Dir, int, int]] = deque()  # (due, dir, row, tries)
+        self._tries: dict[tuple[int, int], int] = {}  # (id(dir), row) -> failed tries
+        self._pass = 0
+        self._pass_files = 0
+        self._pass_read = 0
+        self._limit = cfg.concurrency
+        self._successes = 0
+        self._backoff = cfg.backoff_s
+        self._pause_until = 0.0
+        self._disk_full_until = 0.0
+        self._inflight = 0
+        self._inflight_bytes = 0
+        self._wake = asyncio.Event()
+        self._freed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._runner: asyncio.Task[None] | None = None
+        self._cache.epochs = memory
+        self.stats.concurrency = self._limit
+
+    # -- the namespace's side (DirWatcher) ------------------------------------------------
+
+    def watch(self, skip: Callable[[str], bool] | None = None) -> _Watcher:
+        """A ``Namespace.watcher`` for one export (``skip(key)``: being written, leave it)."""
+        return _Watcher(self, skip)
+
+    def add_dir(
+        self,
+        store: ObjectStore,
+        key_prefix: str,
+        cols: Columns,
+        skip: Callable[[str], bool] | None = None,
+    ) -> None:
+        """A directory was listed: (re)register it and queue its files for this pass."""
+        k = (store.name, key_prefix)
+        d = _Dir(store, key_prefix, cols, skip)
+        old = self._dirs.pop(k, None)
+        if old is not None and old.cols is cols:  # an unchanged re-list: same rows
+            self._unqueue(old)
+            d.bits, d.read_in, d.cursor = old.bits, old.read_in, old.cursor
+        elif old is not None:
+            self._forget(old)
+        self._dirs[k] = d
+        if len(self._dirs) > self._cfg.max_dirs:
+            _, gone = self._dirs.popitem(last=False)
+            self._forget(gone)
+        self._enqueue(d)
+        self._update_gauges()
+
+    def drop_dir(self, store: ObjectStore, key_prefix: str) -> None:
+        d = self._dirs.pop((store.name, key_prefix), None)
+        if d is not None:
+            self._forget(d)
+            self._update_gauges()
+
+    def _forget(self, d: _Dir) -> None:
+        self._unqueue(d)
+        if d.read_in >= self._pass - 1:
+            self._pass_files -= d.cols.n - d.cols.ndirs
+            if d.read_in == self._pass:
+                self._pass_read -= _ones(d.bits)
+
+    def _enqueue(self, d: _Dir) -> None:
+        if not d.queued and d.cursor < d.cols.n:
+            d.queued = True
+            self._queue.append(d)
+            self._wake.set()
+
+    def _unqueue(self, d: _Dir) -> None:
+        if d.queued:
+            d.queued = False
+            self._queue.remove(d)
+
+    # -- the READ side ----------------------------------------------------------------------
+
+    def note_open(self, store_name: str, key: str) -> None:
+        """A READ at offset 0 of small object ``key``: mark it read in this pass."""
+        name = key.rpartition("/")[2]
+        d = self._dirs.get((store_name, key[: len(key) - len(name)]))
+        if d is None:
+            return
+        r = d.cols.find(name)
+        if r < 0:
+            return
+        i, bit = r >> 3, 1 << (r & 7)
+        if d.bits[i] & bit:
+            return
+        if d.read_in != self._pass:
+            if d.read_in < self._pass - 1:  # not active yet: its files join the pass
+                self._pass_files += d.cols.n - d.cols.ndirs
+            d.read_in = self._pass
+        d.bits[i] |= bit
+        self._pass_read += 1
+        if self._pass_read >= self._cfg.pass_fraction * self._pass_files:
+            self._new_pass()
+
+    def _new_pass(self) -> None:
+        self.stats.passes += 1
+        self._pass += 1
+        self._pass_files = self._pass_read = 0
+        self._tries.clear()
+        self._retry.clear()
+        for d in self._dirs.values():
+            d.bits = bytearray(len(d.bits))
+            d.cursor = 0
+            if d.read_in == self._pass - 1:  # read in the pass that ended: still active
+                self._pass_files += d.cols.n - d.cols.ndirs
+            self._enqueue(d)
+        moved = self._cache.new_pass() if self._memory else 0
+        log.info("prefetch_pass", passes=self.stats.passes, dirs=len(self._dirs), unspent=moved)
+        self._update_gauges()
+
+    # -- running --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._runner is None:
+            self._runner = asyncio.get_running_loop().create_task(self._run(), name="data-prefetch")
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._runner, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._runner = None
+        self._cache.epochs = False
+
+    async def _run(self) -> None:
+        while True:
+            item = self._next()
+            if item is None:
+                self._wake.clear()
+                self._update_gauges()
+                await self._wake.wait()
+                continue
+            d, r, tries = item
+            size = d.cols.sizes[r]
+            while self._inflight >= self._limit or (
+                self._inflight and self._inflight_bytes + size > self._cfg.max_inflight_bytes
+            ):
+                self._freed.clear()
+                await self._freed.wait()
+            now = time.monotonic()
+            if now < self._pause_until:
+                await asyncio.sleep(self._pause_until - now)
+            where = await self._room(size)
+            if not self._wanted(d, r):
+                continue  # read, cached or dropped while waiting
+            key = d.prefix + d.cols.name(r)
+            self._inflight += 1
+            self._inflight_bytes += size
+            t = asyncio.get_running_loop().create_task(
+                self._one(d, r, key, d.cols.etag(r), size, where, tries), name="prefetch"
+            )
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    def _next(self) -> tuple[_Dir, int, int] | None:
+        """The next object to fetch: a retry that is due, else the next candidate of the
+        first queued directory."""
+        retry = self._retry
+        while retry and retry[0][0] <= time.monotonic():
+            _, d, r, tries = retry.popleft()
+            if self._dirs.get((d.store.name, d.prefix)) is d and self._wanted(d, r):
+                return d, r, tries
+        queue = self._queue
+        while queue:
+            d = queue[0]
+            cols = d.cols
+            kinds, sizes, hi = cols.kinds, cols.sizes, self._max_size
+            r = d.cursor
+            while r < cols.n:
+                if kinds[r] == KIND_FILE and 0 < sizes[r] <= hi and self._wanted(d, r):
+                    d.cursor = r + 1
+                    return d, r, 0
+                r += 1
+            d.cursor = r
+            d.queued = False
+            queue.popleft()
+        if retry:  # only retries left, not due yet: look again then
+            delay = retry[0][0] - time.monotonic()
+            asyncio.get_running_loop().call_later(max(delay, 0.0), self._wake.set)
+        return None
+
+    def _wanted(self, d: _Dir, r: int) -> bool:
+        if d.bits[r >> 3] & (1 << (r & 7)):
+            return False
+        key = d.prefix + d.cols.name(r)
+        if self._memory and self._reader.cached(d.store.name, key, d.cols.etag(r)):
+            return False
+        return d.skip is None or not d.skip(key)
+
+    async def _room(self, size: int) -> str:
+        """Where the next object can go ("memory" or "disk"), waiting until one has room."""
+        charge = size + ENTRY_OVERHEAD
+        disk = self._reader.disk
+        waited = False
+        while True:
+            if self._memory and self._cache.room_for(self._inflight_bytes + charge):
+                where = "memory"
+                break
+            if disk is not None and time.monotonic() >= self._disk_full_until:
+                if disk.has_room(size + 4096):
+                    where = "disk"
+                    break
+                self._disk_full_until = time.monotonic() + 5.0
+            if not waited:
+                waited = True
+                self.stats.waiting_room = 1
+            await asyncio.sleep(self._cfg.idle_poll_s)
+        self.stats.waiting_room = 0
+        return where
+
+    async def _one(
+        self, d: _Dir, r: int, key: str, etag: str, size: int, where: str, tries: int
+    ) -> None:
+        stats = self.stats
+        failed = False
+        try:
+            if where == "memory":
+                fut = self._reader.prefetch(d.store, key, etag, size)
+                if fut is None:
+                    return
+                await asyncio.shield(fut)
+            else:
+                outcome, _ = await warm_object(self._reader, d.store, key, etag, size)
+                if outcome == "budget":
+                    self._disk_full_until = time.monotonic() + 5.0
+                if outcome != "written":
+                    return
+                stats.disk_objects += 1
+            stats.objects += 1
+            stats.bytes += size
+        except (PreconditionFailed, VersionChanged, ObjectNotFound):
+            stats.changed += 1
+        except (BackendError, OSError) as exc:
+            failed = True
+            stats.errors += 1
+            if tries + 1 < self._cfg.attempts and self._cfg.max_retries:
+                if len(self._retry) >= self._cfg.max_retries:
+                    self._retry.popleft()
+                due = time.monotonic() + self._cfg.retry_after_s * (tries + 1)
+                self._retry.append((due, d, r, tries + 1))
+                self._wake.set()
+            if stats.errors == 1 or stats.errors % 1000 == 0:
+                log.warning("prefetch_failed", key=key, error=str(exc), errors=stats.errors)
+            if isinstance(exc, BackendUnavailable):
+                self._back_off()
+        finally:
+            self._inflight -= 1
+            self._inflight_bytes -= size
+            self._freed.set()
+        self._adapt(failed)
+
+    def _adapt(self, failed: bool) -> None:
+        """AIMD on the backend's retries: halve and pause on new ones, else add one back."""
+        p = self._pressure() if self._pressure is not None else 0
+        if p > self._last_pressure:
+            self._last_pressure = p
+            self._back_off()
+        elif not failed:
+            self._successes += 1
+            if self._successes >= self._limit:
+                self._successes = 0
+                self._limit = min(self._limit + 1, self._cfg.concurrency)
+                self._backoff = self._cfg.backoff_s
+                self.stats.concurrency = self._limit
+
+    def _back_off(self) -> None:
+        now = time.monotonic()
+        if now < self._pause_until:
+            return  # one back-off per pause
+        self.stats.backoffs += 1
+        self._limit = max(1, self._limit // 2)
+        self._successes = 0
+        self._pause_until = now + self._backoff
+        self._backoff = min(2 * self._backoff, self._cfg.max_backoff_s)
+        self.stats.concurrency = self._limit
+
+    def _update_gauges(self) -> None:
+        s = self.stats
+        s.dirs = len(self._dirs)
+        s.queued_dirs = len(self._queue)
+        s.queued_files = sum(d.cols.n - d.cursor for d in self._queue) + len(self._retry)
+        s.inflight = self._inflight
+        s.inflight_bytes = self._inflight_bytes
+        s.pass_files = self._pass_files
+        s.pass_read = self._pass_read
+
+
+class _Watcher:
+    """One export's ``Namespace.watcher``."""
+
+    __slots__ = ("_p", "_skip")
+
+    def __init__(self, p: DataPrefetcher, skip: Callable[[str], bool] | None) -> None:
+        self._p = p
+        self._skip = skip
+
+    def listed(self, store: ObjectStore, key_prefix: str, cols: Columns) -> None:
+        self._p.add_dir(store, key_prefix, cols, self._skip)
+
+    def dropped(self, store: ObjectStore, key_prefix: str) -> None:
+        self._p.drop_dir(store, key_prefix)
+
+
+def _ones(bits: bytearray) -> int:
+    return sum(b.bit_count() for b in bits)
