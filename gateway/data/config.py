@@ -101,6 +101,9 @@ class PrefetchConfig:
     pass_fraction: float = 0.95
     """A new pass (epoch) starts once this share of the files of the directories being read
     has been read in the current one."""
+    reread_fraction: float = 0.05
+    """A pass also ends once files read again in it (``gateway.data.prefetch``) reach this
+    share of the files read in it."""
     max_dirs: int = 1_000_000
     """Directories tracked (their listing is the namespace's, not a copy: a reference and
     a bitmap of one bit per entry each)."""
@@ -117,8 +120,8 @@ class PrefetchConfig:
     """While the cache has no room: how often to look again."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.pass_fraction <= 1:
-            raise ValueError("pass_fraction must be in (0, 1]")
+        if not 0 < self.pass_fraction <= 1 or not 0 < self.reread_fraction <= 1:
+            raise ValueError("pass_fraction and reread_fraction must be in (0, 1]")
         if self.max_dirs < 1 or self.attempts < 1 or self.max_retries < 0:
             raise ValueError("max_dirs and attempts must be >= 1, max_retries >= 0")
         if min(self.retry_after_s, self.backoff_s, self.max_backoff_s, self.idle_poll_s) <= 0:

@@ -21,12 +21,16 @@ room there is), or know about NFS.
   it goes to the disk tier when that has room (``warm_object``: never evicts); else the
   prefetcher waits and looks again every ``idle_poll_s``. With several worker processes only
   the shared disk tier is filled (a worker's memory serves only its own connections).
-- **Epochs.** ``note_open`` (every READ at offset 0 of a small object) sets the file's bit. A
-  pass ends once ``pass_fraction`` (95 %) of the files of the directories read in this pass
-  or the last have been read: bits clear, every directory is walked again, and what memory
-  holds becomes "unread" again (``DataCache.new_pass``). In between, the cache drops files
-  read in this pass first (the "spent" segment), so with a dataset twice the cache the
-  prefetcher keeps the cache full of files the epoch has not reached yet.
+- **Epochs.** ``note_open`` (every READ at offset 0 of a small object) sets the file's bit.
+  Within a pass the cache drops files read in it first (its "spent" segment), so with a
+  dataset twice the cache the prefetcher keeps the cache full of files the epoch has not
+  reached yet. A pass ends once ``pass_fraction`` (95 %) of the files of the directories read
+  in this pass or the last have been read: bits clear, every directory is walked again, and
+  what memory holds becomes "unread" again (``DataCache.new_pass``). It also ends once
+  re-reads of files already read in it reach ``reread_fraction`` (5 %) of the files read
+  (a re-read within the last ``RECENT_OPENS`` opens is the same read: a decoder seeking back
+  to the header): the next epoch began while files it never reads kept the pass open, or
+  this is no epoch at all (a hot set read over and over), whose files must not stay spent.
 - **Polite.** At most ``prefetch_concurrency`` objects and ``prefetch_inflight`` bytes at
   once. A backend request retried anywhere in the gateway (503, SlowDown, a connection
   error: ``pressure``) halves the concurrency and pauses the prefetcher (0.5 s, doubling to
@@ -41,6 +45,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final, Literal
 
 import structlog
 
@@ -61,6 +66,15 @@ from gateway.namespace.columns import KIND_FILE, Columns
 __all__ = ["DataPrefetcher", "PrefetchStats"]
 
 log = structlog.get_logger("nfsgw.prefetch")
+
+SCAN_ROWS: Final = 4096
+"""Rows looked at (cached, read or too large ones skipped) before yielding to the event
+loop: a pass over 1.28M cached files must not hold the loop for seconds."""
+REREAD_MIN: Final = 32
+"""Re-reads (besides ``reread_fraction``) that end a pass."""
+RECENT_OPENS: Final = 32
+"""Files opened last: a READ at offset 0 of one of them again is the same open (a
+decoder seeking back to the header), not a second read in the pass."""
 
 
 @dataclass(slots=True)
@@ -138,10 +152,11 @@ class DataPrefetcher:
         self._dirs: OrderedDict[tuple[str, str], _Dir] = OrderedDict()
         self._queue: deque[_Dir] = deque()
         self._retry: deque[tuple[float, _Dir, int, int]] = deque()  # (due, dir, row, tries)
-        self._tries: dict[tuple[int, int], int] = {}  # (id(dir), row) -> failed tries
         self._pass = 0
         self._pass_files = 0
         self._pass_read = 0
+        self._rereads = 0
+        self._recent: OrderedDict[str, None] = OrderedDict()
         self._limit = cfg.concurrency
         self._successes = 0
         self._backoff = cfg.backoff_s
@@ -221,8 +236,21 @@ class DataPrefetcher:
         if r < 0:
             return
         i, bit = r >> 3, 1 << (r & 7)
+        recent = self._recent
         if d.bits[i] & bit:
+            if key not in recent:
+                # Read again in this pass: not an epoch (a hot set, or the next epoch
+                # while files the last one never read keep the pass open).
+                self._rereads += 1
+                recent[key] = None
+                if len(recent) > RECENT_OPENS:
+                    recent.popitem(last=False)
+                if self._rereads >= max(REREAD_MIN, self._cfg.reread_fraction * self._pass_read):
+                    self._new_pass()
             return
+        recent[key] = None
+        if len(recent) > RECENT_OPENS:
+            recent.popitem(last=False)
         if d.read_in != self._pass:
             if d.read_in < self._pass - 1:  # not active yet: its files join the pass
                 self._pass_files += d.cols.n - d.cols.ndirs
@@ -235,8 +263,7 @@ class DataPrefetcher:
     def _new_pass(self) -> None:
         self.stats.passes += 1
         self._pass += 1
-        self._pass_files = self._pass_read = 0
-        self._tries.clear()
+        self._pass_files = self._pass_read = self._rereads = 0
         self._retry.clear()
         for d in self._dirs.values():
             d.bits = bytearray(len(d.bits))
@@ -247,6 +274,16 @@ class DataPrefetcher:
         moved = self._cache.new_pass() if self._memory else 0
         log.info("prefetch_pass", passes=self.stats.passes, dirs=len(self._dirs), unspent=moved)
         self._update_gauges()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, waiting for a retry or in flight (or waiting for room)."""
+        return not self._queue and not self._retry and not self._inflight
+
+    def snapshot(self) -> dict[str, int]:
+        """The stats with fresh gauges (``/v1/stats``)."""
+        self._update_gauges()
+        return {k: getattr(self.stats, k) for k in self.stats.__dataclass_fields__}
 
     # -- running --------------------------------------------------------------------------
 
@@ -266,6 +303,9 @@ class DataPrefetcher:
     async def _run(self) -> None:
         while True:
             item = self._next()
+            if item is False:
+                await asyncio.sleep(0)
+                continue
             if item is None:
                 self._wake.clear()
                 self._update_gauges()
@@ -287,32 +327,39 @@ class DataPrefetcher:
             key = d.prefix + d.cols.name(r)
             self._inflight += 1
             self._inflight_bytes += size
+            self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
             t = asyncio.get_running_loop().create_task(
                 self._one(d, r, key, d.cols.etag(r), size, where, tries), name="prefetch"
             )
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
-    def _next(self) -> tuple[_Dir, int, int] | None:
+    def _next(self) -> tuple[_Dir, int, int] | Literal[False] | None:
         """The next object to fetch: a retry that is due, else the next candidate of the
-        first queued directory."""
+        first queued directory; None when there is none, False when ``SCAN_ROWS`` rows were
+        looked at without finding one (the caller yields to the event loop, then asks again)."""
         retry = self._retry
         while retry and retry[0][0] <= time.monotonic():
             _, d, r, tries = retry.popleft()
             if self._dirs.get((d.store.name, d.prefix)) is d and self._wanted(d, r):
                 return d, r, tries
         queue = self._queue
+        budget = SCAN_ROWS
         while queue:
             d = queue[0]
             cols = d.cols
             kinds, sizes, hi = cols.kinds, cols.sizes, self._max_size
             r = d.cursor
-            while r < cols.n:
+            stop = min(cols.n, r + budget)
+            while r < stop:
                 if kinds[r] == KIND_FILE and 0 < sizes[r] <= hi and self._wanted(d, r):
                     d.cursor = r + 1
                     return d, r, 0
                 r += 1
+            budget -= r - d.cursor
             d.cursor = r
+            if r < cols.n:
+                return False
             d.queued = False
             queue.popleft()
         if retry:  # only retries left, not due yet: look again then
@@ -387,6 +434,7 @@ class DataPrefetcher:
         finally:
             self._inflight -= 1
             self._inflight_bytes -= size
+            self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
             self._freed.set()
         self._adapt(failed)
 

@@ -365,6 +365,7 @@ def stats_snapshot(served: Served, gw: Gateway, m: Metrics, warmups: Warmups) ->
             "hit_ratio": round(data.get("hits", 0) / lookups, 4) if lookups else None,
         },
         "disk_cache": _disk_snapshot(m.totals("disk")),
+        "data_prefetch": _prefetch_snapshot(m.totals("prefetch"), data),
         "metadata": {k: int(v) for k, v in m.totals("namespace").items()},
         "security": {k: int(v) for k, v in gws.items() if k != "files_opened"},
         "exports": exports,
@@ -375,6 +376,16 @@ def stats_snapshot(served: Served, gw: Gateway, m: Metrics, warmups: Warmups) ->
             "last_errors": served.last_reload_error,
         },
     }
+
+
+def _prefetch_snapshot(p: dict[str, float], data: dict[str, float]) -> dict[str, Any]:
+    """The data prefetcher's counters and gauges, with what READs made of its objects."""
+    out: dict[str, Any] = {k: int(v) for k, v in p.items()}
+    for k in ("ahead_used", "ahead_joined", "ahead_wasted", "ahead_dropped"):
+        out[k.replace("ahead_", "")] = int(data.get(k, 0))
+    done = out.get("objects", 0)
+    out["waste_ratio"] = round(out["wasted"] / done, 4) if done else None
+    return out
 
 
 def _disk_snapshot(disk: dict[str, float]) -> dict[str, Any]:

@@ -508,6 +508,10 @@ def merge_snapshots(snaps: list[dict[str, Any]]) -> dict[str, Any]:
     if isinstance(cache, dict):
         looked = cache.get("hits", 0) + cache.get("misses", 0)
         cache["hit_ratio"] = round(cache.get("hits", 0) / looked, 4) if looked else None
+    pf = merged.get("data_prefetch")
+    if isinstance(pf, dict):
+        done = pf.get("objects", 0)
+        pf["waste_ratio"] = round(pf.get("wasted", 0) / done, 4) if done else None
     disk = merged.get("disk_cache")
     if isinstance(disk, dict):
         # One tier shared by every worker: its sizes are the same in each, not a sum.

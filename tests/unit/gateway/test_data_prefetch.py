@@ -1,0 +1,287 @@
+"""Data prefetch (issue 13) in-process: the gateway over a ``MemoryStore`` (requests counted,
+GETs slowed where a test needs a fetch in flight), called with whole RPC records. The
+end-to-end versions (SeaweedFS, libnfs, a 503 storm through a fault proxy) are in
+``tests/integration/test_data_prefetch.py``.
+
+- A listed directory's small files are fetched once each, before any READ; the READs then
+  cost no request; empty and large objects are left alone.
+- A READ of an object being prefetched joins its GET (one GET for the key).
+- With the cache full of unread prefetched data nothing more is fetched, nothing is evicted;
+  reading makes room and the prefetcher resumes.
+- Shuffled epochs over a dataset twice the cache: about one GET per file per epoch, no
+  waste, and more READs served from memory than with data prefetch off.
+- Failed prefetches back the prefetcher off and are retried; no READ fails for them.
+- Off (globally or per export): no GET before a READ, exactly one per file read.
+- Passes: one ends when most files were read, or when re-reads pile up (a hot set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.backend.base import BackendUnavailable
+from gateway.backend.memory import MemoryStore
+from gateway.data.cache import DataCache
+from gateway.data.prefetch import DataPrefetcher
+from gateway.data.reader import ObjectReader
+from gateway.exports import ExportConfig
+from gateway.namespace.columns import Columns
+from nfsproto.nfs3 import Nfs3Proc, NfsStat3, StableHow, Write3Args
+from tests.harness.memory import MemoryGateway
+
+KiB = 1024
+RO = dict(read_only=True, immutable=True)
+
+
+def tree(classes: int, per_class: int, size: int = 2 * KiB, seed: int = 1) -> dict[str, bytes]:
+    rng = random.Random(seed)
+    return {
+        f"ds/c{c}/img_{i:03d}.jpg": rng.randbytes(size + rng.randrange(256))
+        for c in range(classes)
+        for i in range(per_class)
+    }
+
+
+def gateway(
+    tmp_path: Path,
+    files: Mapping[str, bytes],
+    *,
+    store: MemoryStore | None = None,
+    export: dict[str, Any] | None = None,
+    **settings: Any,
+) -> MemoryGateway:
+    settings.setdefault("cache_data_prefetch", True)
+    ec = ExportConfig("/data", "s3://b/ds/", **(RO if export is None else export))
+    return MemoryGateway.of(tmp_path, [ec], files=files, store=store, **settings)
+
+
+def prefetcher(gw: MemoryGateway) -> DataPrefetcher:
+    p = gw.server.prefetcher
+    assert p is not None
+    return p
+
+
+async def until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not cond():  # noqa: ASYNC110 - polling the gateway's state
+            await asyncio.sleep(0.01)
+
+
+async def settle(gw: MemoryGateway, timeout_s: float = 10.0) -> None:
+    """Until the prefetcher has nothing queued or in flight (or waits for room)."""
+    await until(lambda: prefetcher(gw).idle, timeout_s)
+
+
+async def scan(gw: MemoryGateway, classes: int) -> tuple[bytes, dict[str, bytes]]:
+    """ImageFolder's scan: every class folder looked up (listed), no file read; the handles
+    of every file by key."""
+    root = await gw.mount(b"/data")
+    handles: dict[str, bytes] = {}
+    stored = gw.store.keys()
+    for c in range(classes):
+        d = await gw.walk(root, f"c{c}")
+        for key in sorted(k for k in stored if k.startswith(f"ds/c{c}/")):
+            res = await gw.lookup(d, key.rpartition("/")[2].encode())
+            assert res.status == NfsStat3.NFS3_OK
+            handles[key] = res.object
+    return root, handles
+
+
+async def read_all(
+    gw: MemoryGateway,
+    handles: Mapping[str, bytes],
+    files: Mapping[str, bytes],
+    order: list[str],
+    workers: int = 4,
+) -> None:
+    queue = list(reversed(order))
+
+    async def worker() -> None:
+        while queue:
+            key = queue.pop()
+            res = await gw.read(handles[key])
+            assert res.status == NfsStat3.NFS3_OK, key
+            assert bytes(res.data) == files[key], key
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+
+
+def gets(store: MemoryStore) -> Counter[str]:
+    return Counter(k for op, k in store.log if op == "get")
+
+
+async def test_listed_small_files_are_fetched_once_before_any_read(tmp_path: Path) -> None:
+    files = tree(3, 40)
+    files["ds/c0/empty.jpg"] = b""
+    files["ds/c1/large.bin"] = random.Random(2).randbytes(200 * KiB)
+    async with gateway(tmp_path, files, cache_small_file_max=64 * KiB) as gw:
+        _, handles = await scan(gw, 3)
+        await settle(gw)
+        small = [k for k, v in files.items() if 0 < len(v) <= 64 * KiB]
+        assert gets(gw.store) == Counter(small)  # each once; empty and large left alone
+        gw.reset_requests()
+        order = sorted(handles)
+        random.Random(3).shuffle(order)
+        await read_all(gw, handles, files, order)
+        assert gets(gw.store) == Counter(["ds/c1/large.bin"])  # only what was not small
+        data = gw.gateway.reader.stats
+        assert (data.ahead_used, data.ahead_wasted, data.ahead_dropped) == (len(small), 0, 0)
+        snap = prefetcher(gw).snapshot()
+        assert snap["objects"] == len(small) and snap["errors"] == 0
+
+
+async def test_a_read_joins_the_prefetch_in_flight(tmp_path: Path) -> None:
+    files = tree(1, 30)
+    store = MemoryStore("mem", latency_s={"get": 0.3})
+    async with gateway(tmp_path, files, store=store, cache_prefetch_concurrency=1) as gw:
+        root = await gw.mount(b"/data")
+        d = await gw.walk(root, "c0")
+        await gw.lookup(d, b"img_029.jpg")  # c0 listed: the prefetcher starts on img_000
+        await asyncio.sleep(0.05)
+        assert prefetcher(gw).stats.inflight == 1
+        first = "ds/c0/img_000.jpg"
+        res = await gw.read((await gw.lookup(d, b"img_000.jpg")).object)
+        assert bytes(res.data) == files[first]
+        assert gets(store)[first] == 1
+        assert gw.gateway.reader.stats.ahead_joined == 1
+
+
+async def test_a_full_cache_stops_the_prefetcher_until_reads_make_room(tmp_path: Path) -> None:
+    files = tree(4, 50, size=16 * KiB)  # ~3.3 MB
+    async with gateway(tmp_path, files, cache_memory=1 << 20) as gw:
+        _, handles = await scan(gw, 4)
+        p = prefetcher(gw)
+        await until(lambda: p.stats.waiting_room == 1 and p.stats.inflight == 0)
+        fetched = sum(gets(gw.store).values())
+        assert 20 < fetched < 70  # what 1 MiB holds, not the tree
+        await asyncio.sleep(0.2)
+        assert sum(gets(gw.store).values()) == fetched  # stopped, not evicting
+        cached = [k for k in handles if gets(gw.store)[k]]
+        await read_all(gw, handles, files, cached[:20])  # read 20: they may now go
+        await until(lambda: sum(gets(gw.store).values()) > fetched)  # resumed
+        data = gw.gateway.reader.stats
+        assert data.ahead_wasted == 0 and data.ahead_used == 20
+
+
+async def test_shuffled_epochs_over_twice_the_cache(tmp_path: Path) -> None:
+    """4 readers, 20 ms per GET, a dataset twice the cache: with data prefetch about one GET
+    per file per epoch, no waste, and clearly more READs served from memory than without."""
+    files = tree(8, 40, size=20 * KiB)  # 320 files, ~6.6 MB
+    ratios: dict[bool, list[float]] = {}
+    for on in (False, True):
+        store = MemoryStore("mem", latency_s={"get": 0.02})
+        async with gateway(
+            tmp_path / str(on), files, store=store, cache_memory=3300 * KiB,
+            cache_data_prefetch=on,
+        ) as gw:  # fmt: skip
+            _, handles = await scan(gw, 8)
+            rng = random.Random(5)
+            data = gw.gateway.reader.stats
+            ratios[on] = []
+            for _ in range(3):
+                order = sorted(handles)
+                rng.shuffle(order)
+                gw.reset_requests()
+                hits, misses = data.hits, data.misses
+                await read_all(gw, handles, files, order)
+                n_gets = sum(gets(store).values())
+                assert n_gets <= 1.05 * len(files)
+                ratios[on].append((data.hits - hits) / (data.hits - hits + data.misses - misses))
+            if on:
+                assert data.ahead_wasted <= 0.05 * prefetcher(gw).stats.objects
+                assert prefetcher(gw).stats.passes >= 2
+    off, on_ = ratios[False][1:], ratios[True][1:]
+    assert max(off) < 0.6  # about cache / dataset
+    assert min(on_) > max(off) + 0.15
+
+
+async def test_failed_prefetches_back_off_and_never_fail_a_read(tmp_path: Path) -> None:
+    files = tree(2, 30)
+    failed: set[str] = set()
+    storm = True
+
+    def fail(op: str, key: str) -> Exception | None:
+        if storm and op == "get" and key not in failed:  # each object's first GET fails
+            failed.add(key)
+            return BackendUnavailable(f"{key}: 503 SlowDown (retries exhausted)")
+        return None
+
+    store = MemoryStore("mem", fail=fail)
+    async with gateway(tmp_path, files, store=store) as gw:
+        p = prefetcher(gw)
+        p._cfg = p._cfg.__class__(retry_after_s=0.05, backoff_s=0.05, max_backoff_s=0.1)
+        _, handles = await scan(gw, 2)
+        await until(lambda: p.stats.objects >= len(files) - 10)
+        assert p.stats.errors >= 1 and p.stats.backoffs >= 1
+        storm = False
+        order = sorted(handles)
+        await read_all(gw, handles, files, order)  # every READ succeeds, bytes right
+        assert gw.statuses()[("NFS3.READ", "NFS3ERR_IO")] == 0
+
+
+@pytest.mark.parametrize("where", ["global", "export"])
+async def test_off_restores_todays_request_counts(tmp_path: Path, where: str) -> None:
+    files = tree(2, 20)
+    kw: dict[str, Any] = (
+        {"cache_data_prefetch": False}
+        if where == "global"
+        else {"export": {**RO, "data_prefetch": False}}
+    )
+    async with gateway(tmp_path, files, **kw) as gw:
+        _, handles = await scan(gw, 2)
+        await asyncio.sleep(0.2)
+        assert gw.requests() == {"list": 3}
+        await read_all(gw, handles, files, sorted(handles))
+        assert gets(gw.store) == Counter(list(files))  # one GET per file read
+        assert gw.gateway.reader.stats.ahead_used == 0
+
+
+async def test_files_being_written_are_not_prefetched(tmp_path: Path) -> None:
+    files = tree(1, 10)
+    store = MemoryStore("mem", latency_s={"get": 0.05})
+    rw = {"squash": "no_root_squash"}
+    async with gateway(tmp_path, files, store=store, export=rw, cache_prefetch_concurrency=1) as gw:
+        root = await gw.mount(b"/data")
+        d = await gw.walk(root, "c0")
+        fh = (await gw.lookup(d, b"img_009.jpg")).object  # lists c0: the prefetch starts
+        write = Write3Args(fh, 0, 5, StableHow.UNSTABLE, b"hello")
+        assert (await gw.nfs(Nfs3Proc.WRITE, write)).status == NfsStat3.NFS3_OK
+        await settle(gw)
+        fetched = gets(store)
+        assert fetched["ds/c0/img_009.jpg"] == 0  # staged: left alone
+        assert sum(fetched.values()) == 9
+
+
+def test_a_pass_ends_when_most_files_were_read_or_rereads_pile_up() -> None:
+    async def run() -> None:
+        reader = ObjectReader(DataCache(1 << 20))
+        p = DataPrefetcher(reader)
+        store = MemoryStore("s")
+        names = [f"f{i:03d}" for i in range(100)]
+        cols = Columns(names, bytes(100), [10] * 100, [0] * 100, ["e"] * 100)
+        p.add_dir(store, "d/", cols)
+        for n in names[:94]:
+            p.note_open("s", "d/" + n)
+        assert p.stats.passes == 0
+        p.note_open("s", "d/" + names[94])  # 95 of 100
+        assert p.stats.passes == 1
+        # A hot set of 50 files read over and over: re-reads end passes.
+        for _ in range(4):
+            for n in names[:50]:
+                p.note_open("s", "d/" + n)
+        assert p.stats.passes >= 2
+        # A decoder reading the header again right away is not a re-read.
+        before = p.stats.passes
+        for _ in range(100):
+            p.note_open("s", "d/" + names[50])
+        assert p.stats.passes == before
+        await p.close()
+
+    asyncio.run(run())
