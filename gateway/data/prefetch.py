@@ -20,7 +20,9 @@ room there is), or know about NFS.
   (``DataCache.room_for``), leaving the window's share free for demand READs. Without room,
   it goes to the disk tier when that has room (``warm_object``: never evicts); else the
   prefetcher waits and looks again every ``idle_poll_s``. With several worker processes only
-  the shared disk tier is filled (a worker's memory serves only its own connections).
+  the shared disk tier is filled (a worker's memory serves only its own connections), and
+  worker ``i`` of ``n`` starts its walk of each directory ``i/n`` of the way in, so workers
+  that listed the same directory fetch different files (then find the others' on disk).
 - **Epochs.** ``note_open`` (every READ at offset 0 of a small object) sets the file's bit.
   Within a pass the cache drops files read in it first (its "spent" segment), so with a
   dataset twice the cache the prefetcher keeps the cache full of files the epoch has not
@@ -113,17 +115,23 @@ class PrefetchStats:
 
 
 class _Dir:
-    __slots__ = ("store", "prefix", "cols", "skip", "bits", "cursor", "queued", "read_in")
+    __slots__ = ("store", "prefix", "cols", "skip", "bits", "start", "cursor", "queued", "read_in")
 
     def __init__(
-        self, store: ObjectStore, prefix: str, cols: Columns, skip: Callable[[str], bool] | None
+        self,
+        store: ObjectStore,
+        prefix: str,
+        cols: Columns,
+        skip: Callable[[str], bool] | None,
+        share: tuple[int, int],
     ) -> None:
         self.store = store
         self.prefix = prefix
         self.cols = cols
         self.skip = skip
         self.bits = bytearray((cols.n + 7) // 8)
-        self.cursor = 0
+        self.start = cols.n * share[0] // share[1]  # the walk's first row (workers: theirs)
+        self.cursor = 0  # rows looked at, from start, wrapping around
         self.queued = False
         self.read_in = -2  # the last pass with a read here (active: this one or the last)
 
@@ -137,6 +145,7 @@ class DataPrefetcher:
         config: PrefetchConfig | None = None,
         *,
         memory: bool = True,
+        share: tuple[int, int] = (0, 1),
         pressure: Callable[[], int] | None = None,
         stats: PrefetchStats | None = None,
     ) -> None:
@@ -144,6 +153,7 @@ class DataPrefetcher:
         self._cache = reader.cache
         self._cfg = cfg = config if config is not None else PrefetchConfig()
         self._memory = memory
+        self._share = share
         self._pressure = pressure
         self._last_pressure = pressure() if pressure is not None else 0
         self.stats = stats if stats is not None else PrefetchStats()
@@ -186,7 +196,7 @@ class DataPrefetcher:
     ) -> None:
         """A directory was listed: (re)register it and queue its files for this pass."""
         k = (store.name, key_prefix)
-        d = _Dir(store, key_prefix, cols, skip)
+        d = _Dir(store, key_prefix, cols, skip, self._share)
         old = self._dirs.pop(k, None)
         if old is not None and old.cols is cols:  # an unchanged re-list: same rows
             self._unqueue(old)
@@ -349,16 +359,18 @@ class DataPrefetcher:
             d = queue[0]
             cols = d.cols
             kinds, sizes, hi = cols.kinds, cols.sizes, self._max_size
-            r = d.cursor
-            stop = min(cols.n, r + budget)
-            while r < stop:
+            n, start = cols.n, d.start
+            i = d.cursor
+            stop = min(n, i + budget)
+            while i < stop:
+                r = i + start if i + start < n else i + start - n
                 if kinds[r] == KIND_FILE and 0 < sizes[r] <= hi and self._wanted(d, r):
-                    d.cursor = r + 1
+                    d.cursor = i + 1
                     return d, r, 0
-                r += 1
-            budget -= r - d.cursor
-            d.cursor = r
-            if r < cols.n:
+                i += 1
+            budget -= i - d.cursor
+            d.cursor = i
+            if i < n:
                 return False
             d.queued = False
             queue.popleft()

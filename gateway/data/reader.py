@@ -63,7 +63,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gateway.backend.base import (
     BackendError,
@@ -208,6 +208,9 @@ class ObjectReader:
         self._slots = FetchSlots(cfg.max_inflight_fetches, cfg.max_readahead_fetches, self.stats)
         self._streams: OrderedDict[tuple[str, str], _ObjectStreams] = OrderedDict()
         self._ra_inflight_bytes = 0
+        self.warming: dict[tuple[str, str, str], asyncio.Future[tuple[str, int]]] = {}
+        """Object versions being written to the disk tier by ``warm.warm_object`` (its
+        single-flight: a warm-up job and the data prefetcher may ask for the same one)."""
         self.on_open: Callable[[str, str], None] | None = None
         """Called with (store name, key) at every READ at offset 0 of a small object (the
         data prefetcher's record of what this pass has read)."""
@@ -623,7 +626,8 @@ class ObjectReader:
 
     async def close(self) -> None:
         """Cancel fetches in flight (their waiters get ``CancelledError``) and wait for them."""
-        tasks = [f.task for f in self._fetches if f.task is not None]
+        tasks: list[asyncio.Future[Any]] = [f.task for f in self._fetches if f.task is not None]
+        tasks += self.warming.values()
         for t in tasks:
             t.cancel()
         if tasks:

@@ -36,10 +36,26 @@ async def warm_object(
 ) -> tuple[str, int]:
     """Put version ``etag`` of ``key`` (``size`` bytes) into the disk tier, in the blocks a
     READ would look up. Returns (outcome, bytes fetched): "cached" when every block already
-    was there (a resumed warm-up skips it at the cost of a ``stat`` per block), "written",
-    or, with what was fetched so far, "budget" (the tier is full: stop the warm-up),
-    "refused" or "error" (``DiskStore.store``). Raises what the GET raises
-    (``VersionChanged`` when the object is no longer ``etag``)."""
+    was there (a resumed warm-up skips it at the cost of a ``stat`` per block) or another
+    warm-up of this process was writing it (single-flight: it is awaited), "written", or,
+    with what was fetched so far, "budget" (the tier is full: stop the warm-up), "refused"
+    or "error" (``DiskStore.store``). Raises what the GET raises (``VersionChanged`` when
+    the object is no longer ``etag``)."""
+    ident = (store.name, key, etag)
+    warming = reader.warming
+    running = warming.get(ident)
+    if running is not None:
+        outcome, _ = await asyncio.shield(running)  # its failure is this call's failure
+        return ("cached" if outcome == "written" else outcome), 0
+    task = asyncio.ensure_future(_warm(reader, store, key, etag, size))
+    warming[ident] = task
+    task.add_done_callback(lambda _: warming.pop(ident, None))
+    return await asyncio.shield(task)
+
+
+async def _warm(
+    reader: ObjectReader, store: ObjectStore, key: str, etag: str, size: int
+) -> tuple[str, int]:
     disk = reader.disk
     if disk is None:
         raise RuntimeError("no disk tier")

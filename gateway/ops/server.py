@@ -254,6 +254,7 @@ class Server:
             reader,
             cfg,
             memory=not workers,
+            share=(self.role.index, self.role.count) if self.role is not None else (0, 1),
             pressure=lambda: self.metrics.backend_retries,
             stats=self.prefetch_stats,
         )
