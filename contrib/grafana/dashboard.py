@@ -180,11 +180,25 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                Q(rate("nfsgw_metadata_list_pages_total"), "LIST pages"),
                Q(rate("nfsgw_metadata_targeted_lookups_total"), "targeted LISTs"),
                Q(rate("nfsgw_metadata_heads_total"), "HEADs"))),
-        Panel("Data prefetch (read-ahead)",
-              "Blocks fetched ahead of the client, and those dropped before any READ used "
-              "them (waste).", "ops",
-              (Q(rate("nfsgw_data_readahead_blocks_total"), "blocks prefetched"),
-               Q(rate("nfsgw_data_readahead_unused_blocks_total"), "prefetched, unused"))),
+        Panel("Data prefetch",
+              "Small files fetched ahead of READs after their directory was listed: fetched, "
+              "then read (useful), joined by a READ while in flight, and dropped unread "
+              "(wasted: should stay near 0); blocks of large files fetched by read-ahead and "
+              "those never used.", "ops",
+              (Q(rate("nfsgw_prefetch_objects_total"), "files prefetched"),
+               Q(rate("nfsgw_prefetch_useful_total"), "prefetched, then read"),
+               Q(rate("nfsgw_prefetch_joined_total"), "READs joining a prefetch"),
+               Q(rate("nfsgw_prefetch_wasted_total"), "prefetched, wasted"),
+               Q(rate("nfsgw_data_readahead_blocks_total"), "read-ahead blocks"),
+               Q(rate("nfsgw_data_readahead_unused_blocks_total"), "read-ahead unused"))),
+        Panel("Data prefetcher state",
+              "Files left to consider in listed directories this pass, files in flight, the "
+              "concurrency limit (halved while the backend answers 503/SlowDown), and 1 while "
+              "the cache has no room for more.", "short",
+              (Q(gauge("nfsgw_prefetch_queued_files"), "files queued"),
+               Q(gauge("nfsgw_prefetch_inflight"), "in flight"),
+               Q(gauge("nfsgw_prefetch_concurrency"), "concurrency limit"),
+               Q(gauge("nfsgw_prefetch_waiting_room"), "waiting for room"))),
         Panel("Warm-up jobs and progress",
               "Warm-up jobs by state (nfsgw warmup / POST /v1/warmup), and the files and "
               "directories they get through per second.", "short",

@@ -113,6 +113,7 @@ def read_run(
         state_dir=tmp_path_factory.mktemp("e2e-read"),
         s3=seaweed.store_kwargs(),
         cache_small_file_max=SMALL_FILE_MAX,
+        cache_data_prefetch=True,  # as deployed: listed small files fetched ahead of READs
     ) as gw:
         r = guest.run(READ_SCRIPT, nfs_port=gw.port, timeout_s=RUN_TIMEOUT_S)
         yield r, gw.backend_counts(), gw.call_counts()
