@@ -86,6 +86,16 @@ def _backend(v: object) -> str:
     return s
 
 
+def _pack(v: object) -> str | None:
+    s = string.parse(v)
+    if not s:
+        return None
+    u = parse_store_url(_backend(s))
+    if u.scheme != "s3":
+        raise Invalid(f"{s!r}: a pack is in S3", 'e.g. "s3://datasets/packs/imagenet-train"')
+    return s
+
+
 def _mode(v: object) -> int:
     if isinstance(v, int) and not isinstance(v, bool):
         raise Invalid(
@@ -218,6 +228,16 @@ class ExportConfig:
     secure_port: bool = field(
         default=False,
         metadata=_live(boolean, "only clients on a privileged source port (< 1024)"),
+    )
+    pack: str | None = field(
+        default=None,
+        metadata=setting(
+            Conv(_pack),
+            "serve packed objects from this pack (nfsgw pack SRC --to URL); see docs/packs.md",
+            flag="--pack",
+            metavar="URL",
+            reload="rebuild",
+        ),
     )
     data_prefetch: bool = field(
         default=True,

@@ -365,6 +365,16 @@ class ObjectReader:
             return None
         return self._start_fetch(store, key, etag, size, 0, 1, demand=False, ahead=True)[0]
 
+    def deposit(self, store_name: str, key: str, etag: str, data: bytes) -> None:
+        """Small object version ``etag`` arrived with another's fetch (a pack's shard range):
+        kept in memory as prefetched data if the cache has room (``DataCache.room_for``),
+        else dropped; never evicts anything a READ may still want."""
+        if not 0 < len(data) <= self._cfg.small_file_max:
+            return
+        bkey = (store_name, key, etag, 0)
+        if bkey not in self._cache and bkey not in self._inflight:
+            self._cache.insert(bkey, data, whole=True, ahead=True)
+
     def cached(self, store_name: str, key: str, etag: str) -> bool:
         """Whether small object version ``etag`` is in memory or being fetched."""
         bkey = (store_name, key, etag, 0)

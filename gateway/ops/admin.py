@@ -157,10 +157,18 @@ class AdminApi:
             )
         backends = await self.backend_status()
         ok = all(v is None for v in backends.values())
-        return web.json_response(
-            {"ready": ok, "backends": {p: v or "ok" for p, v in backends.items()}},
-            status=200 if ok else 503,
-        )
+        body: dict[str, Any] = {
+            "ready": ok,
+            "backends": {p: v or "ok" for p, v in backends.items()},
+        }
+        packs = {
+            path: str(getattr(e.store, "status", ""))
+            for path, e in self.gateway.by_path.items()
+            if e.cfg.pack is not None
+        }
+        if packs:  # a pack that is not used does not make the gateway unready: it serves
+            body["packs"] = packs  # from the bucket, as without one
+        return web.json_response(body, status=200 if ok else 503)
 
     async def backend_status(self) -> dict[str, str | None]:
         """Export path -> None (reachable) or why not; one probe at a time, cached."""
@@ -179,7 +187,8 @@ class AdminApi:
         async def one(e: Export) -> str | None:
             try:
                 async with asyncio.timeout(PROBE_TIMEOUT_S):
-                    await e.store.list_page(e.prefix, delimiter="/", max_keys=1)
+                    store = getattr(e.store, "inner", e.store)  # a pack's: the bucket
+                    await store.list_page(e.prefix, delimiter="/", max_keys=1)
             except TimeoutError:
                 return f"no answer in {PROBE_TIMEOUT_S:g} s"
             except BackendError as exc:

@@ -25,6 +25,7 @@ import dataclasses
 import errno
 import socket
 from collections.abc import Callable
+from functools import partial
 
 import structlog
 
@@ -50,6 +51,7 @@ from gateway.ops.metrics import Metrics, ServerStats
 from gateway.ops.systemd import Notifier
 from gateway.ops.warmup import Warmups
 from gateway.ops.workers import WorkerRole, until_signalled
+from gateway.pack.store import PackedStore, PackStats
 from gateway.registry import Gateway
 from gateway.transport import CallHandler, ConnectionStats, RpcConnection
 from gateway.writes import WriteManager
@@ -92,6 +94,7 @@ class Server:
         self.prefetcher: DataPrefetcher | None = None
         self.prefetch_stats = PrefetchStats()
         self._writes: WriteManager | None = None
+        self._reader: ObjectReader | None = None
         self.dispatcher = Dispatcher(self.metrics, self.drc)
         self.conn_stats = ConnectionStats()
         self.connections: set[RpcConnection] = set()
@@ -142,6 +145,7 @@ class Server:
         writes = WriteManager(dataclasses.replace(c.writes, spool_dir=spool_dir), reader)
         gw = Gateway(c.server.nfs, handles, reader, writes)
         self._writes = writes
+        self._reader = reader
         self.prefetcher = self._make_prefetcher(reader, disk is not None)
         self.metrics.add_stats("data", data_stats)
         self.metrics.add_stats("conn", self.conn_stats)
@@ -268,6 +272,8 @@ class Server:
         else:
             store = self._open_store(ec)
         prefix = parse_store_url(ec.backend).prefix
+        if ec.pack is not None:
+            store = self._packed(ec, store, prefix)
         ns_stats = NamespaceStats()
         ns = Namespace(
             store,
@@ -281,6 +287,37 @@ class Server:
         if self.prefetcher is not None and ec.data_prefetch:
             ns.watcher = self.prefetcher.watch(self._being_written(export))
         return export
+
+    def _packed(self, ec: ExportConfig, inner: ObjectStore, prefix: str) -> PackedStore:
+        """The export's store answering packed objects from ``ec.pack``; its index loads in
+        the background (until then, and if it is bad, everything comes from the bucket)."""
+        assert ec.pack is not None
+        pack_ec = dataclasses.replace(ec, backend=ec.pack)
+        if self.store_factory is not None:
+            packs = self.store_factory(pack_ec, self.metrics.backend_request)
+        else:
+            packs = self._open_store(pack_ec)
+        stats = PackStats()
+        self.metrics.add_stats("pack", stats)
+        reader = self._reader
+        store = PackedStore(
+            inner,
+            packs,
+            parse_store_url(ec.pack).prefix,
+            prefix,
+            ec.pack,
+            ec.backend,
+            small_file_max=self.config.cache.reads.small_file_max,
+            list_from_index=ec.immutable,
+            stats=stats,
+        )
+        if reader is not None:
+            store.deposit = partial(reader.deposit, store.name)
+            store.room = reader.cache.room_for
+        t = asyncio.get_running_loop().create_task(store.load(), name=f"pack-load:{ec.path}")
+        self._retiring.add(t)
+        t.add_done_callback(self._retiring.discard)
+        return store
 
     def _being_written(self, export: Export) -> Callable[[str], bool] | None:
         """For a read-write export: whether a key has writes staged (not prefetched)."""

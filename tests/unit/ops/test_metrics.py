@@ -32,6 +32,7 @@ from gateway.ops.metrics import (
     ServerStats,
 )
 from gateway.ops.warmup import WarmupStats
+from gateway.pack.store import PackStats
 from gateway.registry import GatewayStats
 from gateway.transport import ConnectionStats
 from gateway.writes import WriteStats
@@ -50,6 +51,7 @@ LAYERS: dict[str, type] = {
     "warmup": WarmupStats,
     "route": RouteStats,
     "prefetch": PrefetchStats,
+    "pack": PackStats,
 }
 
 

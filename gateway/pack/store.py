@@ -1,0 +1,401 @@
+"""Serving a packed dataset (issue 16): ``PackedStore`` is an export's ``ObjectStore`` that
+answers a whole-object GET of a packed object from its shard, everything else from the
+bucket, so the client sees the original tree and unmodified training code reads it.
+
+Owns: loading the index (``load``, one GET and a parse off the event loop), deciding per GET
+whether the shard may answer it, the shard range fetches (single-flight per range) and their
+checks, and listings from the index (``list_from_index``: immutable exports, 0 LIST
+requests). Must not: cache (neighbours go to the data layer through ``deposit``), or serve
+bytes it has not verified.
+
+- **Which GETs.** A GET of a whole object (no range) whose key is in the index, whose
+  ``If-Match`` ETag is the index's (the object was not replaced since it was packed: the
+  namespace lists the bucket, so a replaced object has a new ETag) and whose size is at most
+  ``small_file_max`` (larger ones are read in blocks, which a member CRC cannot check). All
+  other requests go to the bucket, as without a pack.
+- **Ranges.** A packed member is fetched with the aligned range of its shard around it
+  (``range_bytes``, 8 MiB: ~75 ImageNet files, so a cold epoch costs ~0.013 GET per file);
+  concurrent GETs of members of one range share its fetch. Every member wholly inside the
+  range is checked against its CRC-32 and handed to ``deposit`` (the data layer keeps it if the
+  cache has room for it, as prefetched data), so its READs find it in memory. When ``room``
+  says the cache has no space for the range (a dataset larger than the cache), only the member
+  itself is fetched: neighbours that would be evicted unread would multiply the bytes read.
+- **Bad input.** An index that is missing, truncated, of another version, for another source
+  prefix, or whose shards are not all there with their sizes: the export is served from the
+  bucket (every GET falls through), the reason logged once at error level and shown in
+  ``/readyz`` (``status``). A member whose bytes fail their CRC is served from its own object
+  and counted (``corrupt``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import io
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from gateway.backend import parse_store_url
+from gateway.backend.base import (
+    BackendError,
+    GetResult,
+    ListPage,
+    ObjectInfo,
+    ObjectStore,
+)
+from gateway.pack.format import INDEX_NAME, PackError, PackIndex, parse_index
+
+__all__ = ["PackConfig", "PackStats", "PackedStore"]
+
+log = structlog.get_logger("nfsgw.pack")
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PackConfig:
+    range_bytes: int = 8 * MiB
+    """Aligned shard range fetched for a packed member (its neighbours come along)."""
+    max_ranges: int = 16
+    """Shard ranges being fetched at once (more GETs of packed members wait)."""
+    max_index_bytes: int = 2 << 30
+    """Largest index object read (decompressed text: ~100 B per member)."""
+
+
+@dataclass(slots=True)
+class PackStats:
+    # Counters.
+    members: int = 0
+    """GETs answered from a shard."""
+    ranges: int = 0
+    """Shard range GETs (a member with its neighbours, or a member alone)."""
+    range_bytes: int = 0
+    deposited: int = 0
+    """Neighbours handed to the data cache with a range."""
+    fallbacks: int = 0
+    """GETs of packed keys answered by the bucket: replaced, partial, large or damaged."""
+    corrupt: int = 0
+    """Members whose bytes failed their CRC-32 (served from their own object)."""
+    load_errors: int = 0
+    # Gauges.
+    loaded: int = 0
+    """1 while an index is in use."""
+    entries: int = 0
+    index_bytes: int = 0
+
+
+Deposit = Callable[[str, str, bytes], None]
+"""(key, etag, bytes) of a verified neighbour, for the data layer to keep if it can."""
+
+
+class PackedStore:
+    """An ``ObjectStore`` over ``inner`` (the export's bucket) that answers packed objects'
+    GETs from ``packs`` (the pack's bucket) under ``pack_prefix``."""
+
+    def __init__(
+        self,
+        inner: ObjectStore,
+        packs: ObjectStore,
+        pack_prefix: str,
+        source_prefix: str,
+        url: str,
+        source_url: str,
+        *,
+        small_file_max: int,
+        list_from_index: bool = False,
+        config: PackConfig | None = None,
+        stats: PackStats | None = None,
+    ) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._packs = packs
+        self._pack_prefix = pack_prefix
+        self._source_prefix = source_prefix
+        self.url = url
+        self._source_url = source_url  # the export's backend: what the pack must be made of
+        self._small = small_file_max
+        self._list_from_index = list_from_index
+        self._cfg = config if config is not None else PackConfig()
+        self.stats = stats if stats is not None else PackStats()
+        self.index: PackIndex | None = None
+        self.status = "loading"
+        """"loading", "ok" or why the pack is not used (``/readyz``)."""
+        self.deposit: Deposit | None = None
+        self.room: Callable[[int], bool] | None = None
+        self._ranges: dict[tuple[int, int, int], asyncio.Future[bytes]] = {}
+        self._range_slots = asyncio.Semaphore(self._cfg.max_ranges)
+
+    # -- the index ------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Load and check the index; on any problem the export keeps serving the bucket."""
+        t0 = time.perf_counter()
+        try:
+            index = await self._load()
+        except (PackError, BackendError, OSError, EOFError, UnicodeDecodeError) as e:
+            self.status = f"pack not used: {e}"
+            self.stats.load_errors += 1
+            log.error("pack_not_used", pack=self.url, error=str(e))
+            return
+        self.index = index
+        self.status = "ok"
+        self.stats.loaded = 1
+        self.stats.entries = len(index)
+        self.stats.index_bytes = index.nbytes()
+        log.info(
+            "pack_loaded",
+            pack=self.url,
+            entries=len(index),
+            shards=len(index.shards),
+            index_bytes=index.nbytes(),
+            seconds=round(time.perf_counter() - t0, 3),
+        )
+
+    async def _load(self) -> PackIndex:
+        key = self._pack_prefix + INDEX_NAME
+        try:
+            res = await self._packs.get(key)
+        except BackendError as e:
+            raise PackError(f"cannot read the index {key!r}: {e}") from e
+        if len(res.data) > self._cfg.max_index_bytes:
+            raise PackError(f"index of {len(res.data)} B is over max_index_bytes")
+        index = await asyncio.to_thread(_parse, bytes(res.data), self._cfg.max_index_bytes)
+        if not _same_place(index.source, self._source_url):
+            raise PackError(
+                f"the pack was made from {index.source}, this export serves {self._source_url}"
+            )
+        sizes = await self._shard_sizes()
+        for s in index.shards.values():
+            got = sizes.get(s.name)
+            if got != s.size:
+                why = "missing" if got is None else f"{got} B, the index says {s.size} B"
+                raise PackError(f"shard {s.name}: {why}")
+        return index
+
+    async def _shard_sizes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        token: str | None = None
+        while True:
+            page = await self._packs.list_page(
+                self._pack_prefix + "shard-", delimiter="/", token=token
+            )
+            for o in page.objects:
+                out[o.key[len(self._pack_prefix) :]] = o.size
+            token = page.next_token
+            if not token:
+                return out
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def get(
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        if_match: str | None = None,
+    ) -> GetResult:
+        index = self.index
+        if index is not None and start == 0 and key.startswith(self._source_prefix):
+            i = index.find(key[len(self._source_prefix) :])
+            if i >= 0:
+                size = index.sizes[i]
+                etag = index.etag(i)
+                if (
+                    (end is None or end == size)
+                    and size <= self._small
+                    and (if_match is None or _same(if_match, etag))
+                ):
+                    data = await self._member(index, i)
+                    if data is not None:
+                        self.stats.members += 1
+                        return GetResult(data, etag, size, index.mtimes[i])
+                self.stats.fallbacks += 1
+        return await self.inner.get(key, start, end, if_match=if_match)
+
+    async def _member(self, index: PackIndex, i: int) -> bytes | None:
+        """Member ``i``'s verified bytes, fetched with its range (or alone); None when they
+        fail their CRC."""
+        off, size = index.data_at[i], index.sizes[i]
+        if size == 0:
+            return b""
+        shard = index.shards[index.shard_of[i]]
+        r = self._cfg.range_bytes
+        lo, hi = off // r * r, min(-(-(off + size) // r) * r, shard.size)
+        alone = hi - lo > r * 2 or (self.room is not None and not self.room(hi - lo))
+        if alone:
+            lo, hi = off, off + size
+        rkey = (shard.no, lo, hi)
+        fut = self._ranges.get(rkey)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._ranges[rkey] = fut
+            try:
+                async with self._range_slots:
+                    res = await self._packs.get(self._pack_prefix + shard.name, lo, hi)
+                data = bytes(res.data)
+                if len(data) != hi - lo:
+                    raise BackendError(f"{shard.name}: got {len(data)} B for {hi - lo} B")
+                self.stats.ranges += 1
+                self.stats.range_bytes += len(data)
+                fut.set_result(data)
+                if not alone:
+                    self._deposit_neighbours(index, shard.no, lo, data, skip=i)
+            except BaseException as e:
+                fut.set_exception(e)
+                fut.exception()  # retrieved: the waiters re-raise it
+                raise
+            finally:
+                del self._ranges[rkey]
+        else:
+            data = await asyncio.shield(fut)
+        body = data[off - lo : off - lo + size]
+        if zlib.crc32(body) != index.crcs[i]:
+            self.stats.corrupt += 1
+            log.warning("pack_member_corrupt", pack=self.url, path=index.path(i))
+            return None
+        return body
+
+    def _deposit_neighbours(
+        self, index: PackIndex, shard: int, lo: int, data: bytes, skip: int
+    ) -> None:
+        deposit = self.deposit
+        if deposit is None:
+            return
+        hi = lo + len(data)
+        # Members of a shard are consecutive rows in key order: walk both ways from ``skip``.
+        for step in (-1, 1):
+            j = skip + step
+            while 0 <= j < index.n and index.shard_of[j] == shard:
+                off, size = index.data_at[j], index.sizes[j]
+                if off + size > hi or off < lo:
+                    break
+                if 0 < size <= self._small:
+                    body = data[off - lo : off - lo + size]
+                    if zlib.crc32(body) == index.crcs[j]:
+                        deposit(self._source_prefix + index.path(j), index.etag(j), body)
+                        self.stats.deposited += 1
+                    else:
+                        self.stats.corrupt += 1
+                j += step
+
+    # -- listings -------------------------------------------------------------------------
+
+    async def list_page(
+        self,
+        prefix: str,
+        *,
+        delimiter: str | None = "/",
+        token: str | None = None,
+        start_after: str | None = None,
+        max_keys: int = 1000,
+    ) -> ListPage:
+        index = self.index
+        if (
+            index is None
+            or not self._list_from_index
+            or delimiter != "/"
+            or not prefix.startswith(self._source_prefix)
+        ):
+            return await self.inner.list_page(
+                prefix, delimiter=delimiter, token=token, start_after=start_after,
+                max_keys=max_keys,
+            )  # fmt: skip
+        return _list(index, self._source_prefix, prefix, token or start_after, max_keys)
+
+    # -- everything else is the bucket's ----------------------------------------------------
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await self.inner.head(key)
+
+    async def put(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        return await self.inner.put(key, data, metadata)
+
+    async def create_multipart(self, key: str, metadata: Mapping[str, str] | None = None) -> str:
+        return await self.inner.create_multipart(key, metadata)
+
+    async def upload_part(self, key: str, upload_id: str, part_no: int, data: bytes) -> str:
+        return await self.inner.upload_part(key, upload_id, part_no, data)
+
+    async def complete_multipart(
+        self, key: str, upload_id: str, parts: list[tuple[int, str]]
+    ) -> ObjectInfo:
+        return await self.inner.complete_multipart(key, upload_id, parts)
+
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        await self.inner.abort_multipart(key, upload_id)
+
+    async def copy(
+        self, src: str, dst: str, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        return await self.inner.copy(src, dst, metadata)
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    async def close(self) -> None:
+        try:
+            await self.inner.close()
+        finally:
+            if self._packs is not self.inner:
+                await self._packs.close()
+
+
+def _same_place(a: str, b: str) -> bool:
+    """Whether two store URLs name the same bucket and prefix."""
+    try:
+        ua, ub = parse_store_url(a), parse_store_url(b)
+    except ValueError:
+        return False
+    return (ua.scheme, ua.location, ua.prefix) == (ub.scheme, ub.location, ub.prefix)
+
+
+def _same(a: str, b: str) -> bool:
+    return a == b or a.strip('"') == b.strip('"')
+
+
+def _parse(raw: bytes, limit: int) -> PackIndex:
+    with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+        text = gz.read(limit + 1)
+    if len(text) > limit:
+        raise PackError("index text over max_index_bytes")
+    return parse_index(io.StringIO(text.decode("utf-8")))
+
+
+def _list(index: PackIndex, source: str, prefix: str, after: str | None, max_keys: int) -> ListPage:
+    """One ListObjectsV2 page (delimiter "/") from the index: keys and common prefixes under
+    ``prefix`` after ``after``, in key order."""
+    rel = prefix[len(source) :].encode("utf-8", "surrogateescape")
+    i = index.lower_bound(rel)
+    if after is not None:
+        a = after[len(source) :].encode("utf-8", "surrogateescape")
+        if a.endswith(b"/"):
+            i = max(i, index.lower_bound(a[:-1] + b"0"))  # past everything under that prefix
+        else:
+            i = max(i, index.lower_bound(a + b"\0"))
+    objects: list[ObjectInfo] = []
+    prefixes: list[str] = []
+    n = len(rel)
+    last = ""
+    while i < index.n and len(objects) + len(prefixes) < max_keys:
+        key = index.key(i)
+        if not key.startswith(rel):
+            break
+        slash = key.find(b"/", n)
+        if slash >= 0:
+            sub = key[: slash + 1]
+            last = source + sub.decode("utf-8", "surrogateescape")
+            prefixes.append(last)
+            i = index.lower_bound(sub[:-1] + b"0")  # "/" + 1: past the whole subtree
+            continue
+        last = source + index.path(i)
+        objects.append(ObjectInfo(last, index.sizes[i], index.etag(i), index.mtimes[i]))
+        i += 1
+    more = i < index.n and index.key(i).startswith(rel)
+    return ListPage(objects, prefixes, last if more else None)
