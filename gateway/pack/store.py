@@ -365,7 +365,7 @@ def _parse(raw: bytes, limit: int) -> PackIndex:
         text = gz.read(limit + 1)
     if len(text) > limit:
         raise PackError("index text over max_index_bytes")
-    return parse_index(io.StringIO(text.decode("utf-8")))
+    return parse_index(text)
 
 
 def _list(index: PackIndex, source: str, prefix: str, after: str | None, max_keys: int) -> ListPage:
