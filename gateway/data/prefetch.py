@@ -216,6 +216,13 @@ class DataPrefetcher:
             self._forget(d)
             self._update_gauges()
 
+    def forget_store(self, store: ObjectStore) -> None:
+        """An export was removed or rebuilt: drop its directories (its store is closing)."""
+        for k in [k for k, d in self._dirs.items() if d.store is store]:
+            self._forget(self._dirs.pop(k))
+        self._retry = deque(r for r in self._retry if r[1].store is not store)
+        self._update_gauges()
+
     def _forget(self, d: _Dir) -> None:
         self._unqueue(d)
         if d.read_in >= self._pass - 1:

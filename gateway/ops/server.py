@@ -470,6 +470,8 @@ class Server:
         """Close a replaced or removed export's index and store once calls still using it had
         time to finish; keep its counters in the totals (they must never go down)."""
         self.metrics.retire_stats("namespace", export.ns.stats)
+        if self.prefetcher is not None:
+            self.prefetcher.forget_store(export.store)
 
         async def close_later() -> None:
             await asyncio.sleep(self.config.server.drain_timeout_s)
