@@ -59,7 +59,7 @@ pytest: venv deb-deps
 
 test: venv deb-deps lint typecheck pytest
 
-# SeaweedFS + ImageNet-mini + nfsgw (prefetch/coalescing off, prefetch only, both) behind 10 ms
+# SeaweedFS + ImageNet-mini + nfsgw (prefetch/coalescing off, prefetch only, both, + data prefetch) behind 10 ms
 # of backend latency, 2 epochs, next to the same tree on local disk; prints the table, writes
 # report.json/.md and PNGs to DEMO_OUT. `make demo PEERS=rclone` also runs rclone serve nfs
 # over the same bucket (installing the rclone extra first).

@@ -47,13 +47,21 @@ __all__ = [
     "write_outputs",
 ]
 
-# nfsgw configurations compared by default: name -> extra ``nfsgw serve`` flags.
+# nfsgw configurations compared by default: name -> extra ``nfsgw serve`` flags. off: no
+# metadata prefetch, no read coalescing, no data prefetch; prefetch: metadata prefetch only;
+# both: metadata prefetch + coalescing; data: both + data prefetch (the gateway's defaults).
 CONFIGS: dict[str, list[str]] = {
-    "nfsgw-off": ["--no-prefetch", "--no-coalesce"],
-    "nfsgw-prefetch": ["--no-coalesce"],
-    "nfsgw-both": [],
+    "nfsgw-off": ["--no-prefetch", "--no-coalesce", "--no-data-prefetch"],
+    "nfsgw-prefetch": ["--no-coalesce", "--no-data-prefetch"],
+    "nfsgw-both": ["--no-data-prefetch"],
+    "nfsgw-data": [],
 }
-CONFIG_ALIASES = {"off": "nfsgw-off", "prefetch": "nfsgw-prefetch", "both": "nfsgw-both"}
+CONFIG_ALIASES = {
+    "off": "nfsgw-off",
+    "prefetch": "nfsgw-prefetch",
+    "both": "nfsgw-both",
+    "data": "nfsgw-data",
+}
 
 
 class Counters:
@@ -92,6 +100,7 @@ class Counters:
             "gateway_backend": None,
             "gateway_rpc": None,
             "cache": None,
+            "prefetch": None,
         }
         if pa is not None and pb is not None:
             out["backend"] = {k: v - pb.get(k, 0) for k, v in pa.items() if v - pb.get(k, 0)}
@@ -100,6 +109,7 @@ class Counters:
             out["gateway_backend"] = gwmetrics.backend_ops(d)
             out["gateway_rpc"] = gwmetrics.rpc_ops(d)
             out["cache"] = gwmetrics.cache_ratios(d)
+            out["prefetch"] = gwmetrics.prefetch_counts(d)
         return out
 
 
@@ -142,7 +152,11 @@ async def run_target(
         dt = time.perf_counter() - t0
         d = Counters.diff(await counters.snapshot(), before)
         tr.setup = build_setup(
-            parts, dt, backend=d["backend"], gateway_backend=d["gateway_backend"]
+            parts,
+            dt,
+            backend=d["backend"],
+            gateway_backend=d["gateway_backend"],
+            prefetch=d["prefetch"],
         )
         say(f"{name}: set-up {dt:.2f} s, {tr.setup.files} files")
         for e in range(1, epochs + 1):
@@ -164,11 +178,14 @@ async def run_target(
                 gateway_backend=d["gateway_backend"],
                 gateway_rpc=d["gateway_rpc"],
                 cache=d["cache"],
+                prefetch=d["prefetch"],
                 setup=tr.setup if e == 1 else None,
             )
             tr.epochs.append(er)
             rpi = er.requests_per_image
             extra = f", {rpi['total']:.3f} backend req/image" if rpi else ""
+            if er.waste is not None:
+                extra += f", {er.waste * 100:.1f} % of prefetches wasted"
             say(
                 f"{name}: epoch {e}: {er.images_per_s:.0f} images/s, {er.mb_per_s:.1f} MB/s, "
                 f"p99 {er.latency_ms['p99']:.1f} ms{extra}"

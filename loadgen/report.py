@@ -11,6 +11,11 @@ Owns: what every figure means.
 - ``requests_per_image``: backend requests by kind (LIST/HEAD/GET/...) per file read, from
   the delay proxy when there is one (what the store saw), else from the gateway's
   ``nfsgw_s3_requests_total``; both are kept in the JSON.
+- ``prefetch``, ``waste``: the gateway's data prefetcher over the epoch (its ``/metrics``
+  deltas; epoch 1 includes the set-up's, since listing the tree starts the prefetch):
+  ``prefetch`` holds the counts (objects, useful, wasted, joined, bytes), ``waste`` is
+  wasted / objects, the share of prefetched objects evicted unread. None (``-`` in the
+  table) for a target without these metrics or an epoch that prefetched nothing.
 - ``vs local disk`` (``vs_local``): a target's images/s as a fraction of the local-disk
   target's (``local:DIR``, the first one) in the same epoch; the column is there when a run
   has a local target. The local tree is evicted from the page cache before its set-up, so
@@ -98,6 +103,7 @@ class SetupReport:
     rpc: dict[str, int] = field(default_factory=dict)
     backend: dict[str, int] | None = None
     gateway_backend: dict[str, int] | None = None
+    prefetch: dict[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -117,6 +123,8 @@ class EpochReport:
     gateway_rpc: dict[str, int] | None = None
     requests_per_image: dict[str, float] | None = None
     cache: dict[str, float | None] | None = None
+    prefetch: dict[str, int] | None = None
+    waste: float | None = None
     includes_setup_requests: bool = False
     cdf_ms: list[tuple[float, float]] = field(default_factory=list)
 
@@ -172,13 +180,20 @@ def build_setup(
     *,
     backend: dict[str, int] | None = None,
     gateway_backend: dict[str, int] | None = None,
+    prefetch: dict[str, int] | None = None,
 ) -> SetupReport:
     rpc: dict[str, int] = {}
     for p in parts:
         for k, v in p.rpc.items():
             rpc[k] = rpc.get(k, 0) + v
     files = parts[0].files if parts else 0
-    return SetupReport(seconds, files, rpc, _kinds(backend), _kinds(gateway_backend))
+    return SetupReport(
+        seconds, files, rpc, _kinds(backend), _kinds(gateway_backend), _copy(prefetch)
+    )
+
+
+def _copy(d: dict[str, int] | None) -> dict[str, int] | None:
+    return None if d is None else dict(d)
 
 
 def _add(a: dict[str, int] | None, b: dict[str, int] | None) -> dict[str, int] | None:
@@ -200,10 +215,12 @@ def build_epoch(
     gateway_backend: dict[str, int] | None = None,
     gateway_rpc: dict[str, int] | None = None,
     cache: dict[str, float | None] | None = None,
+    prefetch: dict[str, int] | None = None,
     setup: SetupReport | None = None,
 ) -> EpochReport:
     """One epoch's report from the nodes' parts, the wall time, and the deltas of the backend
-    counters over the epoch. With ``setup`` (epoch 1), its backend requests are added."""
+    counters over the epoch. With ``setup`` (epoch 1), its backend requests and prefetch
+    counts are added."""
     lat = sorted(x for p in parts for x in p.latencies)
     files = sum(p.files for p in parts)
     nbytes = sum(p.bytes for p in parts)
@@ -218,6 +235,11 @@ def build_epoch(
         carried = any((setup.backend or {}).values()) or any((setup.gateway_backend or {}).values())
         backend = _add(backend, setup.backend)
         gateway_backend = _add(gateway_backend, setup.gateway_backend)
+        prefetch = _add(prefetch, setup.prefetch)
+    prefetch = _copy(prefetch)
+    waste = None
+    if prefetch is not None and prefetch.get("objects", 0) > 0:
+        waste = prefetch.get("wasted", 0) / prefetch["objects"]
     counts = backend if backend is not None else gateway_backend
     rpi = None
     if counts is not None and files:
@@ -248,6 +270,8 @@ def build_epoch(
         gateway_rpc=gateway_rpc,
         requests_per_image=rpi,
         cache=cache,
+        prefetch=prefetch,
+        waste=waste,
         includes_setup_requests=carried,
         cdf_ms=cdf_points(ms),
     )
@@ -262,8 +286,8 @@ def _f(v: float | None, fmt: str) -> str:
     return format(v, fmt)
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v * 100:.0f} %"
+def _pct(v: float | None, digits: int = 0) -> str:
+    return "-" if v is None else f"{v * 100:.{digits}f} %"
 
 
 def local_reference(run: RunReport) -> TargetReport | None:
@@ -289,13 +313,13 @@ def to_markdown(run: RunReport) -> str:
         "| target | epoch | images/s | "
         + ("vs local disk | " if local else "")
         + "MB/s | p50 ms | p95 ms | p99 ms "
-        "| LIST/img | HEAD/img | GET/img | data hit | meta hit | AU |",
-        "| --- |" + " ---: |" * (12 + local),
+        "| LIST/img | HEAD/img | GET/img | waste | data hit | meta hit | AU |",
+        "| --- |" + " ---: |" * (13 + local),
     ]
     for t in run.targets:
         if t.error is not None and not t.epochs:
             fail = t.error.splitlines()[0][:80]
-            lines.append(f"| {t.name} | failed: {fail} |" + " |" * (11 + local))
+            lines.append(f"| {t.name} | failed: {fail} |" + " |" * (12 + local))
             continue
         for e in t.epochs:
             r = e.requests_per_image or {}
@@ -317,6 +341,7 @@ def to_markdown(run: RunReport) -> str:
                         _f(r.get("LIST"), ".3f") if r else "-",
                         _f(r.get("HEAD"), ".3f") if r else "-",
                         _f(r.get("GET"), ".3f") if r else "-",
+                        _pct(e.waste, 1),
                         _pct(c.get("data")),
                         _pct(c.get("metadata")),
                         _pct(e.au),
@@ -342,7 +367,9 @@ def to_markdown(run: RunReport) -> str:
         )
         + ".",
         "Requests per image are backend requests (LIST/HEAD/GET) per file read; `*` marks an "
-        "epoch that also carries the set-up's requests (mount and tree scan). Hit ratios are the "
+        "epoch that also carries the set-up's requests (mount and tree scan). Waste: prefetched "
+        "objects the gateway evicted unread / objects it prefetched (data prefetch; `-` when "
+        "it prefetched nothing). Hit ratios are the "
         "gateway's data cache and metadata index. AU: accelerator utilisation estimate "
         f"(compute {run.compute_s:g} s per batch; MLPerf Storage passes at >= 90 %).",
     ]

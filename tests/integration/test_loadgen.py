@@ -1,8 +1,8 @@
 """loadgen end to end: a tiny dataset uploaded to SeaweedFS, ``nfsgw serve`` in a subprocess
 behind the delay proxy, two node processes running ImageFolder-like epochs with every byte
 checked. Asserts request counts (cold epoch: one GET per file plus the scan's LISTs; warm
-epoch: no backend request; prefetch off: a LIST per file) and that a corrupted byte fails the
-run. No timing assertions."""
+epoch: no backend request; prefetch off: a LIST per file; data prefetch: still one GET per
+file, nothing wasted) and that a corrupted byte fails the run. No timing assertions."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.backend.s3 import S3Store
-from loadgen.bench import Counters, run_target
+from loadgen.bench import CONFIGS, Counters, run_target
 from loadgen.dataset import DatasetSpec, make_dataset
 from loadgen.gwprocess import GatewayProcess
 from loadgen.proxy import DelayProxy
@@ -105,7 +105,13 @@ async def test_cold_warm_request_counts_and_prefetch_off(
     manifest = await dataset(seaweed, s3_bucket, tmp_path)
 
     tr, log = await run(
-        seaweed, s3_bucket, manifest, tmp_path / "gw", name="both", flags=[], epochs=2
+        seaweed,
+        s3_bucket,
+        manifest,
+        tmp_path / "gw",
+        name="both",
+        flags=CONFIGS["nfsgw-both"],
+        epochs=2,
     )
     assert tr.error is None, log
     assert tr.setup is not None and tr.setup.files == FILES
@@ -131,7 +137,7 @@ async def test_cold_warm_request_counts_and_prefetch_off(
         manifest,
         tmp_path / "gw",
         name="off",
-        flags=["--no-prefetch", "--no-coalesce"],
+        flags=CONFIGS["nfsgw-off"],
         epochs=2,
         nodes=1,
         in_process=True,
@@ -141,6 +147,26 @@ async def test_cold_warm_request_counts_and_prefetch_off(
     assert cold.backend is not None
     # No prefetch: each file's name is resolved with its own (targeted) LIST.
     assert cold.backend.get("LIST", 0) >= FILES and cold.backend.get("GET") == FILES
+    assert warm.backend == {}
+    assert all(e.waste is None for e in off.epochs)  # data prefetch off: nothing prefetched
+
+    data, log = await run(
+        seaweed,
+        s3_bucket,
+        manifest,
+        tmp_path / "gw",
+        name="data",
+        flags=CONFIGS["nfsgw-data"],
+        epochs=2,
+        nodes=1,
+        in_process=True,
+    )
+    assert data.error is None, log
+    cold, warm = data.epochs
+    # Data prefetch: the READs find (or join) what was prefetched; still one GET per file.
+    assert cold.backend is not None and cold.backend.get("GET") == FILES
+    assert cold.prefetch is not None and cold.prefetch["objects"] > 0
+    assert cold.prefetch["wasted"] == 0 and cold.waste == 0.0
     assert warm.backend == {}
 
 

@@ -97,3 +97,16 @@ async def test_counters_from_urls() -> None:
     assert d["gateway_backend"] == {"LIST": 3, "GET": 11}
     assert d["gateway_rpc"] == {"READ": 10}
     assert d["cache"] == {"data": 0.75, "metadata": 0.9}
+    assert d["prefetch"] is None  # this gateway page has no data prefetch series
+
+
+def test_configs_keep_their_meaning_and_data_adds_data_prefetch() -> None:
+    from loadgen.bench import CONFIG_ALIASES, CONFIGS
+
+    assert list(CONFIGS) == ["nfsgw-off", "nfsgw-prefetch", "nfsgw-both", "nfsgw-data"]
+    # Data prefetch is the gateway's default: the first three turn it off explicitly.
+    for name in ("nfsgw-off", "nfsgw-prefetch", "nfsgw-both"):
+        assert "--no-data-prefetch" in CONFIGS[name]
+    assert CONFIGS["nfsgw-data"] == []
+    assert CONFIGS["nfsgw-both"] == ["--no-data-prefetch"]
+    assert {CONFIG_ALIASES[a] for a in ("off", "prefetch", "both", "data")} == set(CONFIGS)

@@ -61,10 +61,11 @@ def test_make_dataset_writes_tree_and_manifest(tmp_path: Path) -> None:
 
 def test_parser_defaults() -> None:
     a = build_parser().parse_args(["compare", "--manifest", "m.tsv"])
-    assert a.configs == "off,prefetch,both" and a.backend_latency_ms == 10.0
+    assert a.configs == "off,prefetch,both,data" and a.backend_latency_ms == 10.0
     assert a.compute_time == 0.103 and a.batch_size == 64 and a.pattern == "kernel"
     d = build_parser().parse_args(["demo"])
     assert (d.classes, d.files_per_class, d.epochs, d.backend_latency_ms) == (50, "200", 2, 10.0)
+    assert d.configs == "off,prefetch,both,data"
 
 
 async def test_epochs_report_and_a_corrupted_file(tmp_path: Path) -> None:

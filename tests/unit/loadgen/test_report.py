@@ -92,8 +92,11 @@ def test_markdown_and_json(tmp_path: Path) -> None:
     )
     t = TargetReport("nfsgw-both", "nfs://127.0.0.1:1/data", "nfsgw")
     t.setup = build_setup([SetupPart(0, 0.1, 4, {"FSINFO": 1})], 0.1, backend={"LIST": 1})
+    pf = {"objects": 8, "useful": 4, "wasted": 1, "joined": 0, "bytes": 8000}
     t.epochs = [
-        build_epoch(1, parts, 1.0, backend={"GET": 4}, setup=t.setup, cache={"data": 0.0}),
+        build_epoch(
+            1, parts, 1.0, backend={"GET": 4}, setup=t.setup, cache={"data": 0.0}, prefetch=pf
+        ),
         build_epoch(2, parts, 0.5, backend={}, cache={"data": 1.0, "metadata": 1.0}),
     ]
     run.targets = [t, TargetReport("other", "nfs://x/y", "nfs", error="NfsError: READ: boom")]
@@ -102,12 +105,21 @@ def test_markdown_and_json(tmp_path: Path) -> None:
     assert len(rows) == 2
     assert "| nfsgw-both | 1* | 4 |" in rows[0] and "1.000" in rows[0] and "0.250" in rows[0]
     assert "| nfsgw-both | 2 | 8 |" in rows[1] and "100 %" in rows[1]
+    # waste next to GET/img: 1 of 8 prefetched objects evicted unread; none in epoch 2
+    head = md.splitlines()[0]
+    assert "| GET/img | waste | data hit |" in head
+    assert "| 1.000 | 12.5 % |" in rows[0] and "| 0.000 | - |" in rows[1]
+    assert all(r.count("|") == head.count("|") for r in md.splitlines()[1:4])
+    assert "Waste: prefetched objects" in md
     assert "| other | failed: NfsError: READ: boom |" in md
     assert "backend latency 10 ms" in md
     run.write_json(tmp_path / "r.json")
     back = json.loads((tmp_path / "r.json").read_text())
     assert back["targets"][0]["epochs"][0]["requests_per_image"]["LIST"] == 0.25
     assert back["targets"][1]["error"].startswith("NfsError")
+    assert back["targets"][0]["epochs"][0]["waste"] == 0.125
+    assert back["targets"][0]["epochs"][0]["prefetch"]["wasted"] == 1
+    assert back["targets"][0]["epochs"][1]["waste"] is None
 
 
 def test_plots_are_written(tmp_path: Path) -> None:
@@ -156,6 +168,19 @@ nfsgw_metadata_cache_hits_total 18.0
 nfsgw_metadata_targeted_lookups_total 2.0
 """
 
+PREFETCH_METRICS = """\
+# TYPE nfsgw_prefetch_objects_total counter
+nfsgw_prefetch_objects_total 40.0
+# TYPE nfsgw_prefetch_useful_total counter
+nfsgw_prefetch_useful_total 30.0
+# TYPE nfsgw_prefetch_wasted_total counter
+nfsgw_prefetch_wasted_total 2.0
+# TYPE nfsgw_prefetch_joined_total counter
+nfsgw_prefetch_joined_total 5.0
+# TYPE nfsgw_prefetch_bytes_total counter
+nfsgw_prefetch_bytes_total 4.0e6
+"""
+
 
 def test_metrics_parsing_and_ratios() -> None:
     d = gwmetrics.parse_metrics(METRICS)
@@ -169,3 +194,39 @@ def test_metrics_parsing_and_ratios() -> None:
     # Only today's names are read (gateway/ops/metrics.py); earlier ones are not.
     old = {"nfsgw_data_hits_total": 1.0, "nfsgw_data_misses_total": 3.0}
     assert gwmetrics.cache_ratios(old)["data"] is None
+
+
+def test_prefetch_counts_from_metrics() -> None:
+    # A page without the data prefetcher's series (another server, an older gateway): None.
+    assert gwmetrics.prefetch_counts(gwmetrics.parse_metrics(METRICS)) is None
+    d = gwmetrics.parse_metrics(METRICS + PREFETCH_METRICS)
+    counts = {"objects": 40, "useful": 30, "wasted": 2, "joined": 5, "bytes": 4_000_000}
+    assert gwmetrics.prefetch_counts(d) == counts
+    # Deltas keep the series (at 0) when nothing was prefetched.
+    assert gwmetrics.prefetch_counts(gwmetrics.delta(d, d)) == dict.fromkeys(counts, 0)
+
+
+def test_waste_is_wasted_over_prefetched_and_carries_the_setup() -> None:
+    parts = [part(0, 10, 0.01, [0.1])]
+    # Listing the tree at set-up starts the prefetch: epoch 1 includes the set-up's counts.
+    setup = build_setup(
+        [SetupPart(0, 0.5, 10, {})],
+        0.5,
+        prefetch={"objects": 6, "useful": 0, "wasted": 0, "joined": 0, "bytes": 600},
+    )
+    assert setup.prefetch == {"objects": 6, "useful": 0, "wasted": 0, "joined": 0, "bytes": 600}
+    e1 = build_epoch(
+        1,
+        parts,
+        1.0,
+        prefetch={"objects": 4, "useful": 9, "wasted": 1, "joined": 1, "bytes": 400},
+        setup=setup,
+    )
+    assert e1.prefetch == {"objects": 10, "useful": 9, "wasted": 1, "joined": 1, "bytes": 1000}
+    assert e1.waste == pytest.approx(0.1)
+    assert setup.prefetch["objects"] == 6  # not changed by the sum
+    # Nothing prefetched (data prefetch off): no ratio; no metrics at all: no counts.
+    off = build_epoch(2, parts, 1.0, prefetch=dict.fromkeys(("objects", "wasted"), 0))
+    assert off.prefetch == {"objects": 0, "wasted": 0} and off.waste is None
+    none = build_epoch(2, parts, 1.0)
+    assert none.prefetch is None and none.waste is None
