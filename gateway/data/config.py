@@ -71,7 +71,7 @@ class PrefetchConfig:
         ),
     )
     concurrency: int = field(
-        default=24,
+        default=32,
         metadata=setting(
             int_in(1, 1024),
             "most objects the data prefetcher fetches at once (it backs off under SlowDown/503)",
@@ -98,10 +98,11 @@ class PrefetchConfig:
             flag="--prefetch-inflight",
         ),
     )
-    pass_fraction: float = 0.95
+    pass_fraction: float = 1.0
     """A new pass (epoch) starts once this share of the files of the directories being read
-    has been read in the current one."""
-    reread_fraction: float = 0.05
+    has been read in the current one. All, by default: with less, the last files of an epoch
+    count in the next pass, and their reads in the next epoch look like re-reads."""
+    reread_fraction: float = 0.01
     """A pass also ends once files read again in it (``gateway.data.prefetch``) reach this
     share of the files read in it."""
     max_dirs: int = 1_000_000

@@ -26,10 +26,10 @@ room there is), or know about NFS.
 - **Epochs.** ``note_open`` (every READ at offset 0 of a small object) sets the file's bit.
   Within a pass the cache drops files read in it first (its "spent" segment), so with a
   dataset twice the cache the prefetcher keeps the cache full of files the epoch has not
-  reached yet. A pass ends once ``pass_fraction`` (95 %) of the files of the directories read
+  reached yet. A pass ends once ``pass_fraction`` (all) of the files of the directories read
   in this pass or the last have been read: bits clear, every directory is walked again, and
   what memory holds becomes "unread" again (``DataCache.new_pass``). It also ends once
-  re-reads of files already read in it reach ``reread_fraction`` (5 %) of the files read
+  re-reads of files already read in it reach ``reread_fraction`` (1 %) of the files read
   (a re-read within the last ``RECENT_OPENS`` opens is the same read: a decoder seeking back
   to the header): the next epoch began while files it never reads kept the pass open, or
   this is no epoch at all (a hot set read over and over), whose files must not stay spent.
@@ -115,7 +115,9 @@ class PrefetchStats:
 
 
 class _Dir:
-    __slots__ = ("store", "prefix", "cols", "skip", "bits", "start", "cursor", "queued", "read_in")
+    __slots__ = (
+        "store", "prefix", "cols", "skip", "bits", "files", "start", "cursor", "queued", "read_in",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -124,12 +126,19 @@ class _Dir:
         cols: Columns,
         skip: Callable[[str], bool] | None,
         share: tuple[int, int],
+        small: int,
     ) -> None:
         self.store = store
         self.prefix = prefix
         self.cols = cols
         self.skip = skip
         self.bits = bytearray((cols.n + 7) // 8)
+        # The files a READ marks (``note_open``: small, not empty): what a pass must read.
+        self.files = sum(
+            1
+            for k, z in zip(cols.kinds, cols.sizes, strict=True)
+            if k == KIND_FILE and 0 < z <= small
+        )
         self.start = cols.n * share[0] // share[1]  # the walk's first row (workers: theirs)
         self.cursor = 0  # rows looked at, from start, wrapping around
         self.queued = False
@@ -196,7 +205,7 @@ class DataPrefetcher:
     ) -> None:
         """A directory was listed: (re)register it and queue its files for this pass."""
         k = (store.name, key_prefix)
-        d = _Dir(store, key_prefix, cols, skip, self._share)
+        d = _Dir(store, key_prefix, cols, skip, self._share, self._reader.config.small_file_max)
         old = self._dirs.pop(k, None)
         if old is not None and old.cols is cols:  # an unchanged re-list: same rows
             self._unqueue(old)
@@ -226,7 +235,7 @@ class DataPrefetcher:
     def _forget(self, d: _Dir) -> None:
         self._unqueue(d)
         if d.read_in >= self._pass - 1:
-            self._pass_files -= d.cols.n - d.cols.ndirs
+            self._pass_files -= d.files
             if d.read_in == self._pass:
                 self._pass_read -= _ones(d.bits)
 
@@ -270,7 +279,7 @@ class DataPrefetcher:
             recent.popitem(last=False)
         if d.read_in != self._pass:
             if d.read_in < self._pass - 1:  # not active yet: its files join the pass
-                self._pass_files += d.cols.n - d.cols.ndirs
+                self._pass_files += d.files
             d.read_in = self._pass
         d.bits[i] |= bit
         self._pass_read += 1
@@ -286,7 +295,7 @@ class DataPrefetcher:
             d.bits = bytearray(len(d.bits))
             d.cursor = 0
             if d.read_in == self._pass - 1:  # read in the pass that ended: still active
-                self._pass_files += d.cols.n - d.cols.ndirs
+                self._pass_files += d.files
             self._enqueue(d)
         moved = self._cache.new_pass() if self._memory else 0
         log.info("prefetch_pass", passes=self.stats.passes, dirs=len(self._dirs), unspent=moved)
