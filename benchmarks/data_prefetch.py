@@ -345,7 +345,12 @@ def run_config(
         ],
         name=name,
         sections={
-            "cache": {"memory": memory, "prefetch_concurrency": a.prefetch_concurrency},
+            "cache": {"memory": memory}
+            | (
+                {}
+                if a.prefetch_concurrency is None
+                else {"prefetch_concurrency": a.prefetch_concurrency}
+            ),
         },
         flags=[] if prefetch else ["--no-data-prefetch"],
         s3=Account(proxy.endpoint_url, sw.access_key, sw.secret_key),
@@ -657,7 +662,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-ms", type=float, default=20.0, help="added to every S3 request")
     p.add_argument("--clients", type=int, default=4, help="client threads (connections)")
     p.add_argument("--scenario", choices=["a", "b", "both"], default="both")
-    p.add_argument("--prefetch-concurrency", type=int, default=24)
+    p.add_argument(
+        "--prefetch-concurrency", type=int, default=None, help="default: the gateway's (32)"
+    )
     p.add_argument("--seed", type=int, default=1, help="epoch orders")
     p.add_argument("--out", type=Path, default=OUT, help="results.json and the logs")
     return p.parse_args(argv)

@@ -72,6 +72,8 @@ log = structlog.get_logger("nfsgw.prefetch")
 SCAN_ROWS: Final = 4096
 """Rows looked at (cached, read or too large ones skipped) before yielding to the event
 loop: a pass over 1.28M cached files must not hold the loop for seconds."""
+GAUGES_EVERY_S: Final = 0.5
+"""The queue gauges (a sum over the queued directories) are refreshed this often."""
 REREAD_MIN: Final = 32
 """Re-reads (besides ``reread_fraction``) that end a pass."""
 RECENT_OPENS: Final = 32
@@ -183,6 +185,8 @@ class DataPrefetcher:
         self._disk_full_until = 0.0
         self._inflight = 0
         self._inflight_bytes = 0
+        self._inflight_charge = 0  # what the objects in flight will cost the cache
+        self._gauges_at = 0.0
         self._wake = asyncio.Event()
         self._freed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -328,6 +332,8 @@ class DataPrefetcher:
 
     async def _run(self) -> None:
         while True:
+            if time.monotonic() - self._gauges_at > GAUGES_EVERY_S:
+                self._update_gauges()
             item = self._next()
             if item is False:
                 await asyncio.sleep(0)
@@ -353,6 +359,7 @@ class DataPrefetcher:
             key = d.prefix + d.cols.name(r)
             self._inflight += 1
             self._inflight_bytes += size
+            self._inflight_charge += size + ENTRY_OVERHEAD
             self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
             t = asyncio.get_running_loop().create_task(
                 self._one(d, r, key, d.cols.etag(r), size, where, tries), name="prefetch"
@@ -409,7 +416,7 @@ class DataPrefetcher:
         disk = self._reader.disk
         waited = False
         while True:
-            if self._memory and self._cache.room_for(self._inflight_bytes + charge):
+            if self._memory and self._cache.room_for(self._inflight_charge + charge):
                 where = "memory"
                 break
             if disk is not None and time.monotonic() >= self._disk_full_until:
@@ -462,6 +469,7 @@ class DataPrefetcher:
         finally:
             self._inflight -= 1
             self._inflight_bytes -= size
+            self._inflight_charge -= size + ENTRY_OVERHEAD
             self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
             self._freed.set()
         self._adapt(failed)
@@ -492,6 +500,7 @@ class DataPrefetcher:
         self.stats.concurrency = self._limit
 
     def _update_gauges(self) -> None:
+        self._gauges_at = time.monotonic()
         s = self.stats
         s.dirs = len(self._dirs)
         s.queued_dirs = len(self._queue)
