@@ -23,8 +23,9 @@ bytes it has not verified.
 - **Bad input.** An index that is missing, truncated, of another version, for another source
   prefix, or whose shards are not all there with their sizes: the export is served from the
   bucket (every GET falls through), the reason logged once at error level and shown in
-  ``/readyz`` (``status``). A member whose bytes fail their CRC is served from its own object
-  and counted (``corrupt``).
+  ``/readyz`` (``status``). A member whose bytes fail their CRC, or whose shard range cannot
+  be read (a shard deleted since, the pack's bucket failing), is served from its own object
+  and counted (``corrupt``, ``fallbacks``).
 """
 
 from __future__ import annotations
@@ -210,7 +211,11 @@ class PackedStore:
                     and size <= self._small
                     and (if_match is None or _same(if_match, etag))
                 ):
-                    data = await self._member(index, i)
+                    try:
+                        data = await self._member(index, i)
+                    except BackendError as e:  # the shard's store failed: the object may not
+                        log.warning("pack_range_failed", pack=self.url, error=str(e))
+                        data = None
                     if data is not None:
                         self.stats.members += 1
                         return GetResult(data, etag, size, index.mtimes[i])
@@ -245,7 +250,10 @@ class PackedStore:
                 fut.set_result(data)
                 if not alone:
                     self._deposit_neighbours(index, shard.no, lo, data, skip=i)
-            except BaseException as e:
+            except asyncio.CancelledError:
+                fut.cancel()
+                raise
+            except Exception as e:
                 fut.set_exception(e)
                 fut.exception()  # retrieved: the waiters re-raise it
                 raise

@@ -234,3 +234,16 @@ def test_the_shards_are_plain_tar() -> None:
                     assert f is not None
                     seen["ds/" + ti.name] = f.read()
     assert seen == files
+
+
+async def test_a_shard_lost_after_loading_falls_back_to_the_objects(tmp_path: Path) -> None:
+    files = tree(60)
+    store = MemoryStore("mem")
+    for k, v in files.items():
+        store.seed(k, v)
+    write_pack(store, files, shard_bytes=256 * KiB)
+    async with gateway(tmp_path, store, immutable=True) as gw:
+        packed = await loaded(gw)
+        store.unseed("packs/ds/" + shard_name(0))  # deleted under a running gateway
+        await read_tree(gw, files)  # every byte right: shard 0's members from their objects
+        assert packed.stats.fallbacks >= 1 and packed.stats.members >= 1
