@@ -35,7 +35,7 @@ import operator
 import tarfile
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Final, TypeAlias
@@ -147,7 +147,7 @@ def part_lines(members: Iterable[Member]) -> Iterator[str]:
         )
 
 
-def format_index(source: str, shards: list[Shard], members: list[Member]) -> Iterator[str]:
+def format_index(source: str, shards: list[Shard], members: Collection[Member]) -> Iterator[str]:
     """The whole index text (the caller gzips it)."""
     yield f"{MAGIC}\t{VERSION}\t{source}\t{len(members)}\t{len(shards)}\n"
     for s in shards:
@@ -194,6 +194,8 @@ class PackIndex:
         columns: Columns5,
         etags: bytes,
         odd: dict[int, str],
+        *,
+        quoted: bool = False,
     ) -> None:
         self.source = source
         self.shards = {s.no: s for s in shards}
@@ -201,6 +203,7 @@ class PackIndex:
         self.sizes, self.mtimes, self.shard_of, self.data_at, self.crcs = columns
         self._etags = etags
         self._odd = odd
+        self._quoted = quoted
         self._blob = b"".join(keys)
         self._offs = array("Q", [0])
         self._offs.extend(accumulate(map(len, keys)))
@@ -222,7 +225,8 @@ class PackIndex:
         odd = self._odd.get(i)
         if odd is not None:
             return odd
-        return '"' + self._etags[16 * i : 16 * i + 16].hex() + '"'
+        h = self._etags[16 * i : 16 * i + 16].hex()
+        return f'"{h}"' if self._quoted else h
 
     def find(self, path: str) -> int:
         """The row of ``path``, or -1."""
@@ -254,13 +258,16 @@ class PackIndex:
         )
 
 
-def _md5(etag: str) -> bytes | None:
-    """The 16 bytes of a quoted or bare MD5 hex ETag, as listings quote it back ("...")."""
-    e = etag[1:-1] if len(etag) == 34 and etag[0] == '"' == etag[-1] else etag
-    if len(e) != 32:
+def _md5(etag: str, quoted: bool) -> bytes | None:
+    """The 16 bytes of an MD5 hex ETag in the index's form (quoted or bare), else None."""
+    if quoted:
+        if len(etag) != 34 or etag[0] != '"' or etag[-1] != '"':
+            return None
+        etag = etag[1:-1]
+    if len(etag) != 32 or etag != etag.lower():
         return None
     try:
-        return bytes.fromhex(e) if e == e.lower() else None
+        return bytes.fromhex(etag)
     except ValueError:
         return None
 
@@ -305,8 +312,9 @@ def parse_index(text: bytes | Iterable[str]) -> PackIndex:
     cols: Columns5 = (array("q"), array("q"), array("I"), array("Q"), array("I"))
     etags = bytearray()
     odd: dict[int, str] = {}
+    form: list[bool | None] = [None]  # quoted ETags?
     for lo in range(0, len(body), CHUNK_LINES):
-        _chunk(body[lo : lo + CHUNK_LINES], lo, keys, cols, etags, odd)
+        _chunk(body[lo : lo + CHUNK_LINES], lo, keys, cols, etags, odd, form)
     if any(map(operator.ge, keys, keys[1:])):
         i = next(i for i in range(1, len(keys)) if keys[i - 1] >= keys[i])
         raise PackError(f"index not sorted at {keys[i]!r}")
@@ -315,7 +323,7 @@ def parse_index(text: bytes | Iterable[str]) -> PackIndex:
         end = sizes.get(shard)
         if end is None or size < 0 or off + size > end:
             raise PackError(f"{keys[i]!r}: outside its shard {shard}")
-    return PackIndex(head[2], shards, keys, cols, bytes(etags), odd)
+    return PackIndex(head[2], shards, keys, cols, bytes(etags), odd, quoted=bool(form[0]))
 
 
 def _chunk(
@@ -325,6 +333,7 @@ def _chunk(
     cols: Columns5,
     etags: bytearray,
     odd: dict[int, str],
+    form: list[bool | None],
 ) -> None:
     fields = b"\t".join(lines).split(b"\t")
     if len(fields) != 7 * len(lines):
@@ -343,19 +352,25 @@ def _chunk(
     except (ValueError, OverflowError) as e:
         raise PackError(f"index record does not parse: {e}") from e
     tags = fields[3::7]
-    joined = b"".join(t[1:33] for t in tags)
-    if len(joined) == 32 * len(tags) and all(len(t) == 34 and t[0] == t[33] == 0x22 for t in tags):
+    quoted = form[0]
+    if quoted is None:  # the index's ETags are quoted or bare as its source listed them
+        quoted = form[0] = tags[0][:1] == b'"'
+    if quoted:
+        joined = b"".join(t[1:33] for t in tags)
+        same = all(len(t) == 34 and t[0] == t[33] == 0x22 for t in tags)
+    else:
+        joined = b"".join(tags)
+        same = all(len(t) == 32 for t in tags)
+    if same and len(joined) == 32 * len(tags) and joined == joined.lower():
         try:
             etags += bytes.fromhex(joined.decode("ascii"))
-            if joined == joined.lower():
-                return
-            del etags[-16 * len(tags) :]
+            return
         except (ValueError, UnicodeDecodeError):
             pass
     for i, t in enumerate(tags):
         tag = t.decode("utf-8", "replace")
-        raw = _md5(tag)
-        if raw is None:
+        raw = _md5(tag, quoted)
+        if raw is None:  # kept as it is: a multipart ETag, or another form
             odd[base + i] = tag
             raw = bytes(16)
         etags += raw

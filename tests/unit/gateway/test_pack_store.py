@@ -192,9 +192,13 @@ BAD: dict[str, tuple[Callable[[MemoryStore], None], str]] = {
     "truncated": (lambda s: _rewrite(s, _truncate), "index"),
     "version": (lambda s: _rewrite(s, _version), "version '9'"),
     "source": (lambda s: _rewrite(s, _source), "made from s3://b/other/"),
-    "not gzip": (lambda s: s.seed("packs/ds/" + INDEX_NAME, b"hello"), "pack not used"),
+    "not gzip": (lambda s: _put(s, "packs/ds/" + INDEX_NAME, b"hello"), "pack not used"),
     "shard missing": (lambda s: s.unseed("packs/ds/" + shard_name(1)), "missing"),
 }
+
+
+def _put(store: MemoryStore, key: str, data: bytes) -> None:
+    store.seed(key, data)
 
 
 def _rewrite(store: MemoryStore, f: Callable[[bytes], bytes]) -> None:
@@ -247,3 +251,18 @@ async def test_a_shard_lost_after_loading_falls_back_to_the_objects(tmp_path: Pa
         store.unseed("packs/ds/" + shard_name(0))  # deleted under a running gateway
         await read_tree(gw, files)  # every byte right: shard 0's members from their objects
         assert packed.stats.fallbacks >= 1 and packed.stats.members >= 1
+
+
+@pytest.mark.parametrize("quoted", [True, False])
+def test_the_index_gives_etags_back_as_its_source_listed_them(quoted: bool) -> None:
+    from gateway.pack.format import parse_index
+
+    def tag(i: int) -> str:
+        h = f"{i:032x}"
+        return f'"{h}"' if quoted else h
+
+    members = [Member(f"d/f{i}", 1, 0, tag(i), 0, 512 * (2 * i + 1), 0) for i in range(5)]
+    members.append(Member("d/multi", 1, 0, '"abc-2"' if quoted else "abc-2", 0, 8192, 0))
+    text = "".join(format_index("s3://b/ds/", [Shard(0, "shard-000000.tar", 9000)], members))
+    index = parse_index(text.encode())
+    assert [index.etag(i) for i in range(index.n)] == [m.etag for m in members]
