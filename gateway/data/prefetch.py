@@ -408,6 +408,9 @@ class DataPrefetcher:
         key = d.prefix + d.cols.name(r)
         if self._memory and self._reader.cached(d.store.name, key, d.cols.etag(r)):
             return False
+        covered = getattr(d.store, "covered", None)  # a pack's store (gateway.pack.store)
+        if covered is not None and covered(key):
+            return False  # coming with another object's range
         return d.skip is None or not d.skip(key)
 
     async def _room(self, size: int) -> str:

@@ -13,13 +13,16 @@ bytes it has not verified.
   namespace lists the bucket, so a replaced object has a new ETag) and whose size is at most
   ``small_file_max`` (larger ones are read in blocks, which a member CRC cannot check). All
   other requests go to the bucket, as without a pack.
-- **Ranges.** A packed member is fetched with the aligned range of its shard around it
-  (``range_bytes``, 8 MiB: ~75 ImageNet files, so a cold epoch costs ~0.013 GET per file);
-  concurrent GETs of members of one range share its fetch. Every member wholly inside the
-  range is checked against its CRC-32 and handed to ``deposit`` (the data layer keeps it if the
-  cache has room for it, as prefetched data), so its READs find it in memory. When ``room``
-  says the cache has no space for the range (a dataset larger than the cache), only the member
-  itself is fetched: neighbours that would be evicted unread would multiply the bytes read.
+- **Ranges.** A packed member is fetched with its *group*: the members of its shard whose
+  data starts in the same aligned ``range_bytes`` window (8 MiB: ~75 ImageNet files, so a cold
+  epoch costs ~0.013 GET per file), as one range from the first's data to the last's end.
+  Groups do not overlap, so no byte is fetched twice; concurrent GETs of members of one group
+  share its fetch, and ``covered`` tells the data prefetcher to move on to the next group.
+  Every member of the group is checked against its CRC-32 and handed to ``deposit`` (the data
+  layer keeps it if the cache has room for it, as prefetched data), so its READs find it in
+  memory. When ``room`` says the cache has no space for the group (a dataset larger than the
+  cache), only the member itself is fetched: neighbours evicted unread would multiply the
+  bytes read.
 - **Bad input.** An index that is missing, truncated, of another version, for another source
   prefix, or whose shards are not all there with their sizes: the export is served from the
   bucket (every GET falls through), the reason logged once at error level and shown in
@@ -127,7 +130,7 @@ class PackedStore:
         """"loading", "ok" or why the pack is not used (``/readyz``)."""
         self.deposit: Deposit | None = None
         self.room: Callable[[int], bool] | None = None
-        self._ranges: dict[tuple[int, int, int], asyncio.Future[bytes]] = {}
+        self._ranges: dict[tuple[int, int], asyncio.Future[bytes]] = {}  # (shard, window)
         self._range_slots = asyncio.Semaphore(self._cfg.max_ranges)
 
     # -- the index ------------------------------------------------------------------------
@@ -222,19 +225,50 @@ class PackedStore:
                 self.stats.fallbacks += 1
         return await self.inner.get(key, start, end, if_match=if_match)
 
+    def _group(self, index: PackIndex, i: int) -> tuple[int, int]:
+        """The rows [a, b] fetched with member ``i``: the members of its shard whose data
+        starts in the same ``range_bytes`` window as its own (consecutive rows: members are
+        in key order), large ones (read from their objects) left out."""
+        r, small, n = self._cfg.range_bytes, self._small, index.n
+        shard_of, data_at, sizes = index.shard_of, index.data_at, index.sizes
+        shard, k = shard_of[i], data_at[i] // r
+        a = i
+        while a > 0 and shard_of[a - 1] == shard and data_at[a - 1] // r == k:
+            if sizes[a - 1] > small:
+                break
+            a -= 1
+        b = i
+        while b + 1 < n and shard_of[b + 1] == shard and data_at[b + 1] // r == k:
+            if sizes[b + 1] > small:
+                break
+            b += 1
+        return a, b
+
+    def covered(self, key: str) -> bool:
+        """Whether ``key`` is being fetched with another member's range (the data
+        prefetcher then moves on to another range)."""
+        index = self.index
+        if index is None or not key.startswith(self._source_prefix):
+            return False
+        i = index.find(key[len(self._source_prefix) :])
+        r = self._cfg.range_bytes
+        return i >= 0 and (index.shard_of[i], index.data_at[i] // r) in self._ranges
+
     async def _member(self, index: PackIndex, i: int) -> bytes | None:
-        """Member ``i``'s verified bytes, fetched with its range (or alone); None when they
+        """Member ``i``'s verified bytes, fetched with its group (or alone); None when they
         fail their CRC."""
         off, size = index.data_at[i], index.sizes[i]
         if size == 0:
             return b""
         shard = index.shards[index.shard_of[i]]
-        r = self._cfg.range_bytes
-        lo, hi = off // r * r, min(-(-(off + size) // r) * r, shard.size)
-        alone = hi - lo > r * 2 or (self.room is not None and not self.room(hi - lo))
+        a, b = self._group(index, i)
+        lo, hi = index.data_at[a], index.data_at[b] + index.sizes[b]
+        alone = a == b or (self.room is not None and not self.room(hi - lo))
         if alone:
             lo, hi = off, off + size
-        rkey = (shard.no, lo, hi)
+            rkey = (shard.no, -1 - i)
+        else:
+            rkey = (shard.no, off // self._cfg.range_bytes)
         fut = self._ranges.get(rkey)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
@@ -249,7 +283,7 @@ class PackedStore:
                 self.stats.range_bytes += len(data)
                 fut.set_result(data)
                 if not alone:
-                    self._deposit_neighbours(index, shard.no, lo, data, skip=i)
+                    self._deposit(index, a, b, lo, data, skip=i)
             except asyncio.CancelledError:
                 fut.cancel()
                 raise
@@ -268,28 +302,21 @@ class PackedStore:
             return None
         return body
 
-    def _deposit_neighbours(
-        self, index: PackIndex, shard: int, lo: int, data: bytes, skip: int
-    ) -> None:
+    def _deposit(self, index: PackIndex, a: int, b: int, lo: int, data: bytes, skip: int) -> None:
+        """Rows [a, b] but ``skip``, verified, to the data layer (``deposit``)."""
         deposit = self.deposit
         if deposit is None:
             return
-        hi = lo + len(data)
-        # Members of a shard are consecutive rows in key order: walk both ways from ``skip``.
-        for step in (-1, 1):
-            j = skip + step
-            while 0 <= j < index.n and index.shard_of[j] == shard:
-                off, size = index.data_at[j], index.sizes[j]
-                if off + size > hi or off < lo:
-                    break
-                if 0 < size <= self._small:
-                    body = data[off - lo : off - lo + size]
-                    if zlib.crc32(body) == index.crcs[j]:
-                        deposit(self._source_prefix + index.path(j), index.etag(j), body)
-                        self.stats.deposited += 1
-                    else:
-                        self.stats.corrupt += 1
-                j += step
+        for j in range(a, b + 1):
+            off, size = index.data_at[j], index.sizes[j]
+            if j == skip or size == 0:
+                continue
+            body = data[off - lo : off - lo + size]
+            if zlib.crc32(body) == index.crcs[j]:
+                deposit(self._source_prefix + index.path(j), index.etag(j), body)
+                self.stats.deposited += 1
+            else:
+                self.stats.corrupt += 1
 
     # -- listings -------------------------------------------------------------------------
 
