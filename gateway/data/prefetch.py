@@ -20,9 +20,10 @@ room there is), or know about NFS.
   (``DataCache.room_for``), leaving the window's share free for demand READs. Without room,
   it goes to the disk tier when that has room (``warm_object``: never evicts); else the
   prefetcher waits and looks again every ``idle_poll_s``. With several worker processes only
-  the shared disk tier is filled (a worker's memory serves only its own connections), and
-  worker ``i`` of ``n`` starts its walk of each directory ``i/n`` of the way in, so workers
-  that listed the same directory fetch different files (then find the others' on disk).
+  the shared disk tier is filled (a worker's memory serves only its own connections), by
+  worker 0 alone (the composition root's choice: workers listing the same directories would
+  fetch the same files; worker 0 sees the listings of its own connections, which with
+  ``nconnect`` spread over the workers is every directory a client lists).
 - **Epochs.** ``note_open`` (every READ at offset 0 of a small object) sets the file's bit.
   Within a pass the cache drops files read in it first (its "spent" segment), so with a
   dataset twice the cache the prefetcher keeps the cache full of files the epoch has not
@@ -118,7 +119,7 @@ class PrefetchStats:
 
 class _Dir:
     __slots__ = (
-        "store", "prefix", "cols", "skip", "bits", "files", "start", "cursor", "queued", "read_in",
+        "store", "prefix", "cols", "skip", "bits", "files", "cursor", "queued", "read_in",
     )  # fmt: skip
 
     def __init__(
@@ -127,7 +128,6 @@ class _Dir:
         prefix: str,
         cols: Columns,
         skip: Callable[[str], bool] | None,
-        share: tuple[int, int],
         small: int,
     ) -> None:
         self.store = store
@@ -141,8 +141,7 @@ class _Dir:
             for k, z in zip(cols.kinds, cols.sizes, strict=True)
             if k == KIND_FILE and 0 < z <= small
         )
-        self.start = cols.n * share[0] // share[1]  # the walk's first row (workers: theirs)
-        self.cursor = 0  # rows looked at, from start, wrapping around
+        self.cursor = 0  # rows looked at
         self.queued = False
         self.read_in = -2  # the last pass with a read here (active: this one or the last)
 
@@ -156,7 +155,6 @@ class DataPrefetcher:
         config: PrefetchConfig | None = None,
         *,
         memory: bool = True,
-        share: tuple[int, int] = (0, 1),
         pressure: Callable[[], int] | None = None,
         stats: PrefetchStats | None = None,
     ) -> None:
@@ -164,7 +162,6 @@ class DataPrefetcher:
         self._cache = reader.cache
         self._cfg = cfg = config if config is not None else PrefetchConfig()
         self._memory = memory
-        self._share = share
         self._pressure = pressure
         self._last_pressure = pressure() if pressure is not None else 0
         self.stats = stats if stats is not None else PrefetchStats()
@@ -209,7 +206,7 @@ class DataPrefetcher:
     ) -> None:
         """A directory was listed: (re)register it and queue its files for this pass."""
         k = (store.name, key_prefix)
-        d = _Dir(store, key_prefix, cols, skip, self._share, self._reader.config.small_file_max)
+        d = _Dir(store, key_prefix, cols, skip, self._reader.config.small_file_max)
         old = self._dirs.pop(k, None)
         if old is not None and old.cols is cols:  # an unchanged re-list: same rows
             self._unqueue(old)
@@ -382,18 +379,16 @@ class DataPrefetcher:
             d = queue[0]
             cols = d.cols
             kinds, sizes, hi = cols.kinds, cols.sizes, self._max_size
-            n, start = cols.n, d.start
-            i = d.cursor
-            stop = min(n, i + budget)
-            while i < stop:
-                r = i + start if i + start < n else i + start - n
+            r = d.cursor
+            stop = min(cols.n, r + budget)
+            while r < stop:
                 if kinds[r] == KIND_FILE and 0 < sizes[r] <= hi and self._wanted(d, r):
-                    d.cursor = i + 1
+                    d.cursor = r + 1
                     return d, r, 0
-                i += 1
-            budget -= i - d.cursor
-            d.cursor = i
-            if i < n:
+                r += 1
+            budget -= r - d.cursor
+            d.cursor = r
+            if r < cols.n:
                 return False
             d.queued = False
             queue.popleft()

@@ -241,7 +241,7 @@ class Server:
     def _make_prefetcher(self, reader: ObjectReader, disk: bool) -> DataPrefetcher | None:
         """The data prefetcher (``gateway.data.prefetch``), or None when it is off. One
         process fills its memory tier (and the disk tier once memory is full); with several
-        workers each fills only the shared disk tier, so without one it stays off."""
+        workers worker 0 fills only the shared disk tier, so without one it stays off."""
         cfg = self.config.cache.data.prefetch
         if not cfg.enabled or not self.config.cache.coalesce:
             return None
@@ -254,11 +254,14 @@ class Server:
                     "would land in one worker's memory",
                 )
             return None
+        if workers and self.role is not None and self.role.index != 0:
+            # Worker 0 alone fills the shared disk tier (as it alone runs data warm-ups):
+            # two workers listing the same directories would fetch the same files.
+            return None
         p = DataPrefetcher(
             reader,
             cfg,
             memory=not workers,
-            share=(self.role.index, self.role.count) if self.role is not None else (0, 1),
             pressure=lambda: self.metrics.backend_retries,
             stats=self.prefetch_stats,
         )

@@ -131,6 +131,9 @@ def env(
                 "deadline_s": 4.0,
             }
         },
+        # Each fault is aimed at the GET a READ makes: data prefetch (whose own faults are
+        # tests/integration/test_data_prefetch.py's) would have fetched the file first.
+        flags=["--no-data-prefetch"],
     )
     try:
         gw.start()
