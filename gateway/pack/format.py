@@ -11,6 +11,9 @@ Layout under ``DST`` (``s3://bucket/prefix``)::
     DST/shard-000000.tar ...   POSIX tar (pax headers), members in key order
     DST/parts/shard-000000.tsv the index lines of one finished shard (resuming reads these)
     DST/index.tsv.gz           the whole index: gzip of the lines below
+    DST/unpacked.tsv.gz        the keys under the source the index does not hold (dir/
+                               markers, objects left out or added), listed when the pack
+                               was finished: listings from the index add them
 
 Index text (UTF-8, one record per line, fields separated by TAB)::
 
@@ -44,6 +47,10 @@ __all__ = [
     "BLOCK",
     "END_OF_ARCHIVE",
     "INDEX_NAME",
+    "UNPACKED_NAME",
+    "Unpacked",
+    "format_unpacked",
+    "parse_unpacked",
     "PARTS_DIR",
     "VERSION",
     "Member",
@@ -62,6 +69,8 @@ __all__ = [
 VERSION: Final = 1
 MAGIC: Final = "nfsgw-pack"
 INDEX_NAME: Final = "index.tsv.gz"
+UNPACKED_NAME: Final = "unpacked.tsv.gz"
+UNPACKED_MAGIC: Final = "nfsgw-unpacked"
 PARTS_DIR: Final = "parts/"
 BLOCK: Final = 512
 END_OF_ARCHIVE: Final = bytes(2 * BLOCK)
@@ -374,3 +383,43 @@ def _chunk(
             odd[base + i] = tag
             raw = bytes(16)
         etags += raw
+
+
+@dataclass(frozen=True, slots=True)
+class Unpacked:
+    """A key under the source that is not in the pack, as the packer last listed it."""
+
+    path: str  # relative to the source prefix ("a/" for a directory marker)
+    size: int
+    mtime_ns: int
+    etag: str
+
+
+def format_unpacked(items: list[Unpacked]) -> Iterator[str]:
+    """``unpacked.tsv.gz``'s text: a header, one line per key in key order, an end line."""
+    yield f"{UNPACKED_MAGIC}\t{VERSION}\t{len(items)}\n"
+    for u in items:
+        yield f"{_escape(u.path)}\t{u.size}\t{u.mtime_ns}\t{u.etag}\n"
+    yield f"end\t{len(items)}\n"
+
+
+def parse_unpacked(text: bytes) -> list[Unpacked]:
+    """The keys of ``unpacked.tsv.gz``'s text (``PackError`` if it is damaged)."""
+    lines = text.decode("utf-8", "surrogateescape").split("\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    head = lines[0].split("\t") if lines else []
+    if len(head) != 3 or head[0] != UNPACKED_MAGIC or head[1] != str(VERSION):
+        raise PackError("unpacked keys: not an nfsgw list of this version")
+    if lines[-1] != f"end\t{head[2]}" or len(lines) - 2 != int(head[2]):
+        raise PackError("unpacked keys: truncated")
+    out: list[Unpacked] = []
+    for line in lines[1:-1]:
+        f = line.split("\t")
+        if len(f) != 4:
+            raise PackError(f"unpacked keys: bad line {line[:200]!r}")
+        try:
+            out.append(Unpacked(_unescape(f[0]), int(f[1]), int(f[2]), f[3]))
+        except ValueError as e:
+            raise PackError(f"unpacked keys: bad line {line[:200]!r}") from e
+    return out

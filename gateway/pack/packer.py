@@ -72,11 +72,14 @@ from gateway.pack.format import (
     END_OF_ARCHIVE,
     INDEX_NAME,
     PARTS_DIR,
+    UNPACKED_NAME,
     Member,
     PackError,
     PackIndex,
     Shard,
+    Unpacked,
     format_index,
+    format_unpacked,
     member_header,
     padding,
     parse_index,
@@ -133,6 +136,7 @@ class PackOptions:
 class PackReport:
     source: str
     index_key: str = ""
+    unpacked: int = 0  # keys under SRC not in the pack (unpacked.tsv.gz)
     files: int = 0  # packed by this run
     bytes: int = 0  # member bytes packed by this run
     shards: int = 0  # written by this run
@@ -461,6 +465,7 @@ class Packer:
         r.total_bytes = sum(d.shard.size for d in self._done)
         if not r.stopped:
             r.index_key = await self._write_index()
+            r.unpacked = await self._write_unpacked()
         r.seconds = time.monotonic() - t0
         return r
 
@@ -795,6 +800,46 @@ class Packer:
         key = dp + INDEX_NAME
         await dst.put(key, body)
         return key
+
+    async def _unpacked_keys(self) -> list[Unpacked]:
+        """Every key under SRC now that the pack does not hold, in key order: a listing
+        walked against the members (read back from the part files one at a time)."""
+        sp, dst, dp = self.src_prefix, self.dst, self.dst_prefix
+
+        async def packed() -> AsyncGenerator[bytes, None]:
+            for d in list(self._done):
+                data = (await dst.get(dp + part_name(d.shard.no))).data
+                for m in parse_part(io.StringIO(bytes(data).decode("utf-8", "surrogateescape"))):
+                    yield key_order(m.path)
+
+        out: list[Unpacked] = []
+        members = packed()
+        cur: bytes | None = await anext(members, None)
+        token: str | None = None
+        while True:
+            page = await self.src.list_page(sp, delimiter=None, token=token)
+            for o in page.objects:
+                rel = o.key[len(sp) :]
+                k = key_order(rel)
+                while cur is not None and cur < k:
+                    cur = await anext(members, None)
+                if cur == k:
+                    continue  # packed
+                out.append(Unpacked(rel, o.size, o.mtime_ns, o.etag))
+            token = page.next_token
+            if not token:
+                return out
+
+    async def _write_unpacked(self) -> int:
+        """``unpacked.tsv.gz`` (docs/packs.md): what listings from the index must add."""
+        items = await self._unpacked_keys()
+
+        def build() -> bytes:
+            text = "".join(format_unpacked(items)).encode("utf-8", "surrogateescape")
+            return gzip.compress(text, 6, mtime=0)
+
+        await self.dst.put(self.dst_prefix + UNPACKED_NAME, await asyncio.to_thread(build))
+        return len(items)
 
 
 class _Sized(Iterable[Member]):

@@ -38,6 +38,7 @@ import gzip
 import io
 import time
 import zlib
+from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -51,7 +52,15 @@ from gateway.backend.base import (
     ObjectInfo,
     ObjectStore,
 )
-from gateway.pack.format import INDEX_NAME, PackError, PackIndex, parse_index
+from gateway.pack.format import (
+    INDEX_NAME,
+    UNPACKED_NAME,
+    PackError,
+    PackIndex,
+    Unpacked,
+    parse_index,
+    parse_unpacked,
+)
 
 __all__ = ["PackConfig", "PackStats", "PackedStore"]
 
@@ -131,6 +140,7 @@ class PackedStore:
         self.deposit: Deposit | None = None
         self.room: Callable[[int], bool] | None = None
         self._ranges: dict[tuple[int, int], asyncio.Future[bytes]] = {}  # (shard, window)
+        self._unpacked: list[tuple[bytes, Unpacked]] | None = None
         self._range_slots = asyncio.Semaphore(self._cfg.max_ranges)
 
     # -- the index ------------------------------------------------------------------------
@@ -172,6 +182,7 @@ class PackedStore:
             raise PackError(
                 f"the pack was made from {index.source}, this export serves {self._source_url}"
             )
+        self._unpacked = await self._load_unpacked()
         sizes = await self._shard_sizes()
         for s in index.shards.values():
             got = sizes.get(s.name)
@@ -179,6 +190,19 @@ class PackedStore:
                 why = "missing" if got is None else f"{got} B, the index says {s.size} B"
                 raise PackError(f"shard {s.name}: {why}")
         return index
+
+    async def _load_unpacked(self) -> list[tuple[bytes, Unpacked]] | None:
+        """The keys the pack does not hold (``unpacked.tsv.gz``), sorted; None when the pack
+        has no such list: listings then come from the bucket even on an immutable export."""
+        key = self._pack_prefix + UNPACKED_NAME
+        try:
+            res = await self._packs.get(key)
+            items = parse_unpacked(gzip.decompress(bytes(res.data)))
+        except (BackendError, PackError, OSError, EOFError) as e:
+            if self._list_from_index:
+                log.warning("pack_listings_from_bucket", pack=self.url, reason=str(e))
+            return None
+        return sorted((u.path.encode("utf-8", "surrogateescape"), u) for u in items)
 
     async def _shard_sizes(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -332,6 +356,7 @@ class PackedStore:
         index = self.index
         if (
             index is None
+            or self._unpacked is None
             or not self._list_from_index
             or delimiter != "/"
             or not prefix.startswith(self._source_prefix)
@@ -340,7 +365,9 @@ class PackedStore:
                 prefix, delimiter=delimiter, token=token, start_after=start_after,
                 max_keys=max_keys,
             )  # fmt: skip
-        return _list(index, self._source_prefix, prefix, token or start_after, max_keys)
+        return _list(
+            index, self._unpacked, self._source_prefix, prefix, token or start_after, max_keys
+        )
 
     # -- everything else is the bucket's ----------------------------------------------------
 
@@ -403,34 +430,91 @@ def _parse(raw: bytes, limit: int) -> PackIndex:
     return parse_index(text)
 
 
-def _list(index: PackIndex, source: str, prefix: str, after: str | None, max_keys: int) -> ListPage:
-    """One ListObjectsV2 page (delimiter "/") from the index: keys and common prefixes under
-    ``prefix`` after ``after``, in key order."""
+def _list(
+    index: PackIndex,
+    unpacked: list[tuple[bytes, Unpacked]],
+    source: str,
+    prefix: str,
+    after: str | None,
+    max_keys: int,
+) -> ListPage:
+    """One ListObjectsV2 page (delimiter "/") from the index and the keys it does not hold:
+    keys and common prefixes under ``prefix`` after ``after``, in key order."""
     rel = prefix[len(source) :].encode("utf-8", "surrogateescape")
-    i = index.lower_bound(rel)
-    if after is not None:
-        a = after[len(source) :].encode("utf-8", "surrogateescape")
-        if a.endswith(b"/"):
-            i = max(i, index.lower_bound(a[:-1] + b"0"))  # past everything under that prefix
-        else:
-            i = max(i, index.lower_bound(a + b"\0"))
+    a = None if after is None else after[len(source) :].encode("utf-8", "surrogateescape")
+    items: dict[bytes, ObjectInfo | None] = {}  # key -> object, or None: a common prefix
+    _from_index(index, source, rel, a, max_keys + 1, items)
+    _from_unpacked(unpacked, source, rel, a, max_keys + 1, items)
+    keys = sorted(items)
     objects: list[ObjectInfo] = []
     prefixes: list[str] = []
-    n = len(rel)
-    last = ""
-    while i < index.n and len(objects) + len(prefixes) < max_keys:
+    for k in keys[:max_keys]:
+        info = items[k]
+        if info is None:
+            prefixes.append(source + k.decode("utf-8", "surrogateescape"))
+        else:
+            objects.append(info)
+    more = len(keys) > max_keys
+    last = source + keys[max_keys - 1].decode("utf-8", "surrogateescape") if more else None
+    return ListPage(objects, prefixes, last)
+
+
+def _start(lower_bound: Callable[[bytes], int], rel: bytes, after: bytes | None) -> int:
+    i = lower_bound(rel)
+    if after is not None:
+        if after.endswith(b"/"):  # a common prefix: past everything under it
+            i = max(i, lower_bound(after[:-1] + b"0"))
+        else:
+            i = max(i, lower_bound(after + b"\0"))
+    return i
+
+
+def _from_index(
+    index: PackIndex,
+    source: str,
+    rel: bytes,
+    after: bytes | None,
+    limit: int,
+    items: dict[bytes, ObjectInfo | None],
+) -> None:
+    i = _start(index.lower_bound, rel, after)
+    n, found = len(rel), 0
+    while i < index.n and found < limit:
         key = index.key(i)
         if not key.startswith(rel):
             break
         slash = key.find(b"/", n)
         if slash >= 0:
-            sub = key[: slash + 1]
-            last = source + sub.decode("utf-8", "surrogateescape")
-            prefixes.append(last)
-            i = index.lower_bound(sub[:-1] + b"0")  # "/" + 1: past the whole subtree
-            continue
-        last = source + index.path(i)
-        objects.append(ObjectInfo(last, index.sizes[i], index.etag(i), index.mtimes[i]))
-        i += 1
-    more = i < index.n and index.key(i).startswith(rel)
-    return ListPage(objects, prefixes, last if more else None)
+            items[key[: slash + 1]] = None
+            i = index.lower_bound(key[:slash] + b"0")  # "/" + 1: past the whole subtree
+        else:
+            items[key] = ObjectInfo(source + index.path(i), index.sizes[i], index.etag(i),
+                                    index.mtimes[i])  # fmt: skip
+            i += 1
+        found += 1
+
+
+def _from_unpacked(
+    unpacked: list[tuple[bytes, Unpacked]],
+    source: str,
+    rel: bytes,
+    after: bytes | None,
+    limit: int,
+    items: dict[bytes, ObjectInfo | None],
+) -> None:
+    keys = [k for k, _ in unpacked]
+    i = _start(lambda k: bisect_left(keys, k), rel, after)
+    n, found = len(rel), 0
+    while i < len(keys) and found < limit:
+        key = keys[i]
+        if not key.startswith(rel):
+            break
+        slash = key.find(b"/", n)
+        if slash >= 0:  # under a subdirectory, or its marker: a common prefix
+            items[key[: slash + 1]] = None
+            i = bisect_left(keys, key[:slash] + b"0")
+        else:
+            u = unpacked[i][1]
+            items[key] = ObjectInfo(source + u.path, u.size, u.etag, u.mtime_ns)
+            i += 1
+        found += 1

@@ -276,7 +276,7 @@ def test_pack_awkward_tree(
     # Nothing but the pack under DST (the access probe is gone).
     names = {k.removeprefix("packs/p1/") for k in listing(seaweed, dst_bucket)}
     assert names == (
-        {"index.tsv.gz", "parts/source.url"}
+        {"index.tsv.gz", "unpacked.tsv.gz", "parts/source.url"}
         | {s.name for s in index.shards.values()}
         | {"parts/" + s.name.replace(".tar", ".tsv") for s in index.shards.values()}
     )

@@ -29,9 +29,12 @@ from gateway.exports import ExportConfig
 from gateway.pack.format import (
     END_OF_ARCHIVE,
     INDEX_NAME,
+    UNPACKED_NAME,
     Member,
     Shard,
+    Unpacked,
     format_index,
+    format_unpacked,
     member_header,
     padding,
     shard_name,
@@ -86,6 +89,13 @@ def write_pack(
     close()
     text = "".join(format_index("s3://b/ds/", shards, members)).encode()
     store.seed("packs/ds/" + INDEX_NAME, gzip.compress(text))
+    left = [
+        Unpacked(o.key.removeprefix("ds/"), len(o.data), o.mtime_ns, o.etag)
+        for o in store._objects.values()
+        if o.key.startswith("ds/") and (o.key.endswith("/") or o.key not in files)
+    ]
+    text = "".join(format_unpacked(left)).encode()
+    store.seed("packs/ds/" + UNPACKED_NAME, gzip.compress(text))
     return members
 
 
@@ -266,3 +276,25 @@ def test_the_index_gives_etags_back_as_its_source_listed_them(quoted: bool) -> N
     text = "".join(format_index("s3://b/ds/", [Shard(0, "shard-000000.tar", 9000)], members))
     index = parse_index(text.encode())
     assert [index.etag(i) for i in range(index.n)] == [m.etag for m in members]
+
+
+async def test_keys_the_pack_does_not_hold_are_listed_with_the_index(tmp_path: Path) -> None:
+    """Immutable listings from the index add ``unpacked.tsv.gz``'s keys: an empty directory
+    that exists only as its marker, an object added after packing."""
+    files = tree(40)
+    store = MemoryStore("mem")
+    for k, v in files.items():
+        store.seed(k, v)
+    store.seed("ds/c0/empty-dir/", b"")
+    store.seed("ds/late.jpg", b"added after packing")
+    write_pack(store, {k: v for k, v in files.items()})
+    files["ds/late.jpg"] = b"added after packing"
+    async with gateway(tmp_path, store, immutable=True) as gw:
+        await loaded(gw)
+        store.reset_counts()
+        root = await gw.mount(b"/data")
+        c0 = await gw.walk(root, "c0")
+        res = await gw.lookup(c0, b"empty-dir")
+        assert res.status == NfsStat3.NFS3_OK
+        await read_tree(gw, files)
+        assert [op for op, _ in store.log if op == "list"] == []
