@@ -582,7 +582,8 @@ async def _pack(
 
     from gateway.backend.base import BackendError
     from gateway.pack.format import PackError
-    from gateway.pack.packer import Packer, Progress, check_access, verify
+    from gateway.pack.packer import Packer, Progress, check_access
+    from gateway.pack.verify import verify
 
     main = asyncio.current_task()
     loop = asyncio.get_running_loop()

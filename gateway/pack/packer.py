@@ -2,10 +2,10 @@
 under ``DST`` (the layout and the index text: ``gateway.pack.format``, docs/packs.md).
 
 Owns: checking SRC and DST before any work (``check_access``), the packing pipeline
-(``Packer``), resuming an interrupted pack, writing ``index.tsv.gz``, and re-reading a pack to
-check every member (``verify``). Must not: modify or delete anything under SRC, rewrite a
-finished shard, or hold more than its bounds in memory; it never parses the command line
-(``gateway.ops.cli`` does).
+(``Packer``), resuming an interrupted pack, and writing ``index.tsv.gz`` and
+``unpacked.tsv.gz`` (``gateway.pack.verify`` re-reads a pack to check every member). Must
+not: modify or delete anything under SRC, rewrite a finished shard, or hold more than its
+bounds in memory; it never parses the command line (``gateway.ops.cli`` does).
 
 Pipeline, in key order (UTF-8 bytes, as S3 lists):
 
@@ -55,7 +55,7 @@ import uuid
 import zlib
 from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, TextIO, cast
 
 from gateway.backend.base import (
@@ -75,14 +75,12 @@ from gateway.pack.format import (
     UNPACKED_NAME,
     Member,
     PackError,
-    PackIndex,
     Shard,
     Unpacked,
     format_index,
     format_unpacked,
     member_header,
     padding,
-    parse_index,
     parse_part,
     part_lines,
     part_name,
@@ -90,25 +88,25 @@ from gateway.pack.format import (
 )
 
 __all__ = [
+    "HASH_ON_LOOP_BYTES",
+    "MiB",
     "SOURCE_NAME",
     "PackFailed",
     "PackOptions",
     "PackReport",
     "Packer",
     "Progress",
-    "VerifyReport",
+    "cancel_all",
     "check_access",
-    "load_index",
     "nested",
     "shard_end",
-    "verify",
 ]
 
 MiB: Final = 1 << 20
 SOURCE_NAME: Final = f"{PARTS_DIR}source.url"
 _SHARD_RE: Final = re.compile(r"shard-(\d{6,})\.tar")
 _PART_RE: Final = re.compile(r"shard-(\d{6,})\.tsv")
-_HASH_ON_LOOP_BYTES: Final = 1 << 20  # CRC-32 of more than this runs in a thread
+HASH_ON_LOOP_BYTES: Final = 1 << 20  # CRC-32 of more than this runs in a thread
 
 
 class PackFailed(Exception):
@@ -157,19 +155,6 @@ class PackReport:
     @property
     def skipped(self) -> int:
         return self.skipped_markers + self.skipped_names + self.changed + self.deleted
-
-
-@dataclass(slots=True)
-class VerifyReport:
-    shards: int = 0
-    files: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
 
 
 # ------------------------------------------------------------------------------- progress
@@ -234,7 +219,7 @@ class Progress:
             print(file=self.stream, flush=True)
 
 
-async def _cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
+async def cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
     """Cancel ``tasks`` and wait for them to end (their errors dropped; a cancellation of
     the caller is not)."""
     ts = list(tasks)
@@ -387,7 +372,7 @@ class _ShardWriter:
         """Cancel the parts in flight and abort the upload (best effort; never raises but
         cancellation)."""
         inflight, self._inflight = self._inflight, deque()
-        await _cancel_all(inflight)
+        await cancel_all(inflight)
         upload_id, self._upload_id = self._upload_id, None
         if upload_id is not None:
             with contextlib.suppress(BackendError):
@@ -456,7 +441,7 @@ class Packer:
                     r.stopped = True
                     break
         finally:
-            await _cancel_all([counter])
+            await cancel_all([counter])
             if self.progress is not None:
                 self.progress.tick(force=True)
                 self.progress.close()
@@ -538,7 +523,7 @@ class Packer:
                 self._done.append(_Done(Shard(no, shard_name(no), shards[no]), len(members), last))
                 prev = key_order(last)
         finally:
-            await _cancel_all(window)
+            await cancel_all(window)
         beyond = sorted(no for no in parts if no > len(self._done))
         if beyond:
             raise PackFailed(
@@ -590,7 +575,7 @@ class Packer:
                 if page.next_token is None:
                     return
         finally:
-            await _cancel_all([task])
+            await cancel_all([task])
 
     async def _count(self, after: str | None) -> None:
         """Totals for the ETA: a second listing that only counts."""
@@ -654,7 +639,7 @@ class Packer:
                 held -= c.end - c.start
                 yield c
         finally:
-            await _cancel_all(c.task for c in window)
+            await cancel_all(c.task for c in window)
             await specs.aclose()
 
     async def _specs(
@@ -710,7 +695,7 @@ class Packer:
                         data_at = writer.size
                         crc = 0
                     assert writer is not None
-                    if len(data) > _HASH_ON_LOOP_BYTES:
+                    if len(data) > HASH_ON_LOOP_BYTES:
                         crc = await asyncio.to_thread(zlib.crc32, data, crc)
                     else:
                         crc = zlib.crc32(data, crc)
@@ -876,147 +861,3 @@ def _check_part(no: int, members: list[Member], prev: bytes) -> str | None:
 
 
 # ------------------------------------------------------------------------------ verify
-
-
-async def load_index(store: ObjectStore, prefix: str) -> PackIndex:
-    """The pack's index (``PackFailed`` when it is missing or does not parse)."""
-    key = prefix + INDEX_NAME
-    try:
-        raw = (await store.get(key)).data
-    except ObjectNotFound as e:
-        raise PackFailed(f"no pack index at {key}") from e
-    try:
-        text = await asyncio.to_thread(gzip.decompress, raw)
-        return await asyncio.to_thread(parse_index, text)
-    except (OSError, EOFError, PackError) as e:
-        raise PackFailed(f"{key}: {e}") from e
-
-
-class _ShardReader:
-    """A shard read front to back in ranged GETs of ``step`` bytes, the next one in flight."""
-
-    def __init__(self, store: ObjectStore, key: str, size: int, step: int) -> None:
-        self.store = store
-        self.key = key
-        self.size = size
-        self.step = step
-        self.pos = 0  # of buf[0]
-        self.buf = bytearray()
-        self._next = 0
-        self._task: asyncio.Task[bytes] | None = None
-        self.fetched = 0
-
-    def _start(self) -> None:
-        if self._task is None and self._next < self.size:
-            end = min(self.size, self._next + self.step)
-            self._task = asyncio.create_task(self._fetch(self._next, end))
-            self._next = end
-
-    async def _fetch(self, start: int, end: int) -> bytes:
-        data = (await self.store.get(self.key, start, end)).data
-        if len(data) != end - start:
-            raise BackendError(f"{self.key}: {len(data)} bytes at {start}, wanted {end - start}")
-        return data
-
-    async def take(self, start: int, n: int) -> bytes:
-        """Bytes [start, start + n) (start >= every earlier request's start)."""
-        if start + n > self.size:
-            raise PackFailed(f"{self.key}: [{start}, {start + n}) is past its end ({self.size})")
-        while True:
-            if start > self.pos:  # bytes before ``start`` are not wanted again
-                drop = min(start - self.pos, len(self.buf))
-                del self.buf[:drop]
-                self.pos += drop
-            if self.pos + len(self.buf) >= start + n:
-                break
-            self._start()
-            assert self._task is not None
-            data = await self._task
-            self._task = None
-            self.fetched += len(data)
-            self._start()
-            self.buf += data
-        i = start - self.pos
-        return bytes(self.buf[i : i + n])
-
-    async def close(self) -> None:
-        if self._task is not None:
-            await _cancel_all([self._task])
-
-
-async def verify(
-    store: ObjectStore,
-    prefix: str,
-    *,
-    range_size: int = 16 * MiB,
-    progress: Progress | None = None,
-) -> VerifyReport:
-    """Re-read every shard of the pack under ``prefix`` front to back and check every member:
-    its tar header is the one ``member_header`` writes, it lies within its shard after the
-    member before it, its bytes have its CRC-32; every shard ends with the end-of-archive
-    blocks. ``PackFailed`` if there is no readable index."""
-    t0 = time.monotonic()
-    index = await load_index(store, prefix)
-    rep = VerifyReport()
-    by_shard: dict[int, list[int]] = {no: [] for no in index.shards}
-    for i in range(len(index)):
-        by_shard[index.shard_of[i]].append(i)
-    if progress is not None:
-        progress.total_files = len(index)
-        progress.total_bytes = sum(s.size for s in index.shards.values())
-        progress.counting = False
-    errors = rep.errors
-    for no in sorted(index.shards):
-        shard = index.shards[no]
-        rows = sorted(by_shard[no], key=lambda i: index.data_at[i])
-        reader = _ShardReader(store, prefix + shard.name, shard.size, range_size)
-        before = 0
-        try:
-            end = 0
-            for i in rows:
-                path, size, at = index.path(i), index.sizes[i], index.data_at[i]
-                header = member_header(path, size, index.mtimes[i])
-                h0 = at - len(header)
-                if h0 < end:
-                    errors.append(f"{shard.name}: {path!r} overlaps the member before it")
-                    continue
-                if at + size + len(padding(size)) > shard.size - len(END_OF_ARCHIVE):
-                    errors.append(f"{shard.name}: {path!r} lies past the shard's end")
-                    continue
-                if await reader.take(h0, len(header)) != header:
-                    errors.append(f"{shard.name}: {path!r}: tar header differs at {h0}")
-                crc = 0
-                pos = at
-                while pos < at + size:
-                    n = min(range_size, at + size - pos)
-                    data = await reader.take(pos, n)
-                    if n > _HASH_ON_LOOP_BYTES:
-                        crc = await asyncio.to_thread(zlib.crc32, data, crc)
-                    else:
-                        crc = zlib.crc32(data, crc)
-                    pos += n
-                if crc != index.crcs[i]:
-                    errors.append(
-                        f"{shard.name}: {path!r}: CRC-32 {crc:08x}, index says {index.crcs[i]:08x}"
-                    )
-                end = at + size + len(padding(size))
-                rep.files += 1
-                rep.bytes += size
-                if progress is not None:
-                    progress.add(1, reader.fetched - before)
-                    before = reader.fetched
-            tail = await reader.take(shard.size - len(END_OF_ARCHIVE), len(END_OF_ARCHIVE))
-            if tail != END_OF_ARCHIVE:
-                errors.append(f"{shard.name}: does not end with the end-of-archive blocks")
-        except BackendError as e:
-            errors.append(f"{shard.name}: {e}")
-        finally:
-            await reader.close()
-        if progress is not None:
-            progress.add(0, reader.fetched - before)
-        rep.shards += 1
-    if progress is not None:
-        progress.tick(force=True)
-        progress.close()
-    rep.seconds = time.monotonic() - t0
-    return rep
