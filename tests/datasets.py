@@ -21,10 +21,10 @@ import asyncio
 import hashlib
 import math
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gateway.backend.base import GetResult, ListPage, ObjectInfo, ObjectStore
+from gateway.backend.base import GetResult, ListPage, ObjectInfo, ObjectStore, StoreWrapper
 
 __all__ = ["Dataset", "Expected", "SpyStore", "build_imagefolder", "md5", "upload"]
 
@@ -162,7 +162,7 @@ async def upload(ds: Dataset, store: ObjectStore, concurrency: int = 64) -> None
     await asyncio.gather(*jobs)
 
 
-class SpyStore:
+class SpyStore(StoreWrapper):
     """Wraps an ``ObjectStore``: records every GET range and injects ``extra_keys`` (full
     keys) into listings as S3 would list them (an object, or a common prefix when the key has
     the delimiter after the listed prefix). Injected entries go on the last page of a
@@ -170,8 +170,7 @@ class SpyStore:
     wrapped store's observer)."""
 
     def __init__(self, inner: ObjectStore, extra_keys: Iterable[str] = ()) -> None:
-        self.inner = inner
-        self.name = inner.name
+        super().__init__(inner)
         self.extra_keys = sorted(extra_keys)
         self.gets: list[tuple[str, int, int | None]] = []
 
@@ -207,41 +206,8 @@ class SpyStore:
             page = self._inject(page, prefix, delimiter)
         return page
 
-    async def head(self, key: str) -> ObjectInfo:
-        return await self.inner.head(key)
-
     async def get(
         self, key: str, start: int = 0, end: int | None = None, *, if_match: str | None = None
     ) -> GetResult:
         self.gets.append((key, start, end))
         return await self.inner.get(key, start, end, if_match=if_match)
-
-    async def put(
-        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
-    ) -> ObjectInfo:
-        return await self.inner.put(key, data, metadata)
-
-    async def create_multipart(self, key: str, metadata: Mapping[str, str] | None = None) -> str:
-        return await self.inner.create_multipart(key, metadata)
-
-    async def upload_part(self, key: str, upload_id: str, part_no: int, data: bytes) -> str:
-        return await self.inner.upload_part(key, upload_id, part_no, data)
-
-    async def complete_multipart(
-        self, key: str, upload_id: str, parts: list[tuple[int, str]]
-    ) -> ObjectInfo:
-        return await self.inner.complete_multipart(key, upload_id, parts)
-
-    async def abort_multipart(self, key: str, upload_id: str) -> None:
-        await self.inner.abort_multipart(key, upload_id)
-
-    async def copy(
-        self, src: str, dst: str, metadata: Mapping[str, str] | None = None
-    ) -> ObjectInfo:
-        return await self.inner.copy(src, dst, metadata)
-
-    async def delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
-    async def close(self) -> None:
-        await self.inner.close()

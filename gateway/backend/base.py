@@ -127,3 +127,64 @@ class ObjectStore(Protocol):
     async def delete(self, key: str) -> None: ...
 
     async def close(self) -> None: ...
+
+
+class StoreWrapper:
+    """An ``ObjectStore`` that hands every request to ``inner`` unchanged; a wrapper that
+    changes some (a pack's store answers GETs from shards, a test's spy records them)
+    subclasses it and overrides only those."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    async def list_page(
+        self,
+        prefix: str,
+        *,
+        delimiter: str | None = "/",
+        token: str | None = None,
+        start_after: str | None = None,
+        max_keys: int = 1000,
+    ) -> ListPage:
+        return await self.inner.list_page(
+            prefix, delimiter=delimiter, token=token, start_after=start_after, max_keys=max_keys
+        )
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await self.inner.head(key)
+
+    async def get(
+        self, key: str, start: int = 0, end: int | None = None, *, if_match: str | None = None
+    ) -> GetResult:
+        return await self.inner.get(key, start, end, if_match=if_match)
+
+    async def put(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        return await self.inner.put(key, data, metadata)
+
+    async def create_multipart(self, key: str, metadata: Mapping[str, str] | None = None) -> str:
+        return await self.inner.create_multipart(key, metadata)
+
+    async def upload_part(self, key: str, upload_id: str, part_no: int, data: bytes) -> str:
+        return await self.inner.upload_part(key, upload_id, part_no, data)
+
+    async def complete_multipart(
+        self, key: str, upload_id: str, parts: list[tuple[int, str]]
+    ) -> ObjectInfo:
+        return await self.inner.complete_multipart(key, upload_id, parts)
+
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        await self.inner.abort_multipart(key, upload_id)
+
+    async def copy(
+        self, src: str, dst: str, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        return await self.inner.copy(src, dst, metadata)
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    async def close(self) -> None:
+        await self.inner.close()

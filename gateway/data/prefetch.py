@@ -11,7 +11,8 @@ room there is), or know about NFS.
   reference to its ``Columns`` (no copy) and a bitmap of one bit per entry. Directories are
   walked in the order they were listed, each in name order, for files of 1 byte to
   ``prefetch_max_size`` (default ``small_file_max``) that are not cached, not being fetched,
-  not read in this pass and (read-write exports) not being written.
+  not read in this pass, and not left alone for the export (``skip``: being written on a
+  read-write export, coming with another member's range on a packed one).
 - **Demand first.** A prefetch is a read-ahead-class GET: a freed GET slot goes to a demand
   fetch first; a READ of an object being prefetched joins that GET (no second request) and
   promotes it to demand.
@@ -168,7 +169,8 @@ class DataPrefetcher:
         small = reader.config.small_file_max
         self._max_size = small if cfg.max_size is None else min(cfg.max_size, small)
         self._dirs: OrderedDict[tuple[str, str], _Dir] = OrderedDict()
-        self._queue: deque[_Dir] = deque()
+        self._queue: deque[_Dir] = deque()  # may hold stale entries (``_unqueue``)
+        self._queued = 0  # directories queued
         self._retry: deque[tuple[float, _Dir, int, int]] = deque()  # (due, dir, row, tries)
         self._pass = 0
         self._pass_files = 0
@@ -194,7 +196,8 @@ class DataPrefetcher:
     # -- the namespace's side (DirWatcher) ------------------------------------------------
 
     def watch(self, skip: Callable[[str], bool] | None = None) -> _Watcher:
-        """A ``Namespace.watcher`` for one export (``skip(key)``: being written, leave it)."""
+        """A ``Namespace.watcher`` for one export; ``skip(key)``: leave it for now (being
+        written; coming with another object's fetch, as a pack's members do)."""
         return _Watcher(self, skip)
 
     def add_dir(
@@ -243,13 +246,16 @@ class DataPrefetcher:
     def _enqueue(self, d: _Dir) -> None:
         if not d.queued and d.cursor < d.cols.n:
             d.queued = True
+            self._queued += 1
             self._queue.append(d)
             self._wake.set()
 
     def _unqueue(self, d: _Dir) -> None:
+        """Out of the queue: its entry stays in the deque and ``_next`` drops it when it
+        comes first (no search of the queue per listing)."""
         if d.queued:
             d.queued = False
-            self._queue.remove(d)
+            self._queued -= 1
 
     # -- the READ side ----------------------------------------------------------------------
 
@@ -305,10 +311,10 @@ class DataPrefetcher:
     @property
     def idle(self) -> bool:
         """Nothing queued, waiting for a retry or in flight (or waiting for room)."""
-        return not self._queue and not self._retry and not self._inflight
+        return not self._queued and not self._retry and not self._inflight
 
     def snapshot(self) -> dict[str, int]:
-        """The stats with fresh gauges (``/v1/stats``)."""
+        """The stats with fresh gauges (the run loop refreshes them every 0.5 s)."""
         self._update_gauges()
         return {k: getattr(self.stats, k) for k in self.stats.__dataclass_fields__}
 
@@ -377,6 +383,9 @@ class DataPrefetcher:
         budget = SCAN_ROWS
         while queue:
             d = queue[0]
+            if not d.queued:  # unqueued (replaced, dropped) while waiting: its stale entry
+                queue.popleft()
+                continue
             cols = d.cols
             kinds, sizes, hi = cols.kinds, cols.sizes, self._max_size
             r = d.cursor
@@ -390,7 +399,7 @@ class DataPrefetcher:
             d.cursor = r
             if r < cols.n:
                 return False
-            d.queued = False
+            self._unqueue(d)
             queue.popleft()
         if retry:  # only retries left, not due yet: look again then
             delay = retry[0][0] - time.monotonic()
@@ -403,9 +412,6 @@ class DataPrefetcher:
         key = d.prefix + d.cols.name(r)
         if self._memory and self._reader.cached(d.store.name, key, d.cols.etag(r)):
             return False
-        covered = getattr(d.store, "covered", None)  # a pack's store (gateway.pack.store)
-        if covered is not None and covered(key):
-            return False  # coming with another object's range
         return d.skip is None or not d.skip(key)
 
     async def _room(self, size: int) -> str:
@@ -501,8 +507,9 @@ class DataPrefetcher:
         self._gauges_at = time.monotonic()
         s = self.stats
         s.dirs = len(self._dirs)
-        s.queued_dirs = len(self._queue)
-        s.queued_files = sum(d.cols.n - d.cursor for d in self._queue) + len(self._retry)
+        s.queued_dirs = self._queued
+        s.queued_files = sum(d.cols.n - d.cursor for d in self._queue if d.queued)
+        s.queued_files += len(self._retry)
         s.inflight = self._inflight
         s.inflight_bytes = self._inflight_bytes
         s.pass_files = self._pass_files

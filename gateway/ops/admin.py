@@ -40,12 +40,13 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.backend.base import BackendError
+from gateway.backend.base import BackendError, StoreWrapper
 from gateway.clock import Clock
 from gateway.exports import Export
 from gateway.ops.config import ServerConfig, split_listen
 from gateway.ops.metrics import Metrics
 from gateway.ops.warmup import WarmupJob, WarmupRefused, Warmups
+from gateway.pack.store import PackedStore
 from gateway.registry import Gateway
 
 log = structlog.get_logger(__name__)
@@ -162,9 +163,9 @@ class AdminApi:
             "backends": {p: v or "ok" for p, v in backends.items()},
         }
         packs = {
-            path: str(getattr(e.store, "status", ""))
+            path: e.store.status
             for path, e in self.gateway.by_path.items()
-            if e.cfg.pack is not None
+            if isinstance(e.store, PackedStore)
         }
         if packs:  # a pack that is not used does not make the gateway unready: it serves
             body["packs"] = packs  # from the bucket, as without one
@@ -187,7 +188,8 @@ class AdminApi:
         async def one(e: Export) -> str | None:
             try:
                 async with asyncio.timeout(PROBE_TIMEOUT_S):
-                    store = getattr(e.store, "inner", e.store)  # a pack's: the bucket
+                    # a wrapper's (a pack's) own answers would not probe the bucket
+                    store = e.store.inner if isinstance(e.store, StoreWrapper) else e.store
                     await store.list_page(e.prefix, delimiter="/", max_keys=1)
             except TimeoutError:
                 return f"no answer in {PROBE_TIMEOUT_S:g} s"

@@ -288,7 +288,7 @@ class Server:
         self.metrics.add_stats("namespace", ns_stats)
         export = Export(export_id_for(ec.path), ec, store, ns, prefix)
         if self.prefetcher is not None and ec.data_prefetch:
-            ns.watcher = self.prefetcher.watch(self._being_written(export))
+            ns.watcher = self.prefetcher.watch(self._leave_alone(export))
         return export
 
     def _packed(self, ec: ExportConfig, inner: ObjectStore, prefix: str) -> PackedStore:
@@ -322,13 +322,22 @@ class Server:
         t.add_done_callback(self._retiring.discard)
         return store
 
-    def _being_written(self, export: Export) -> Callable[[str], bool] | None:
-        """For a read-write export: whether a key has writes staged (not prefetched)."""
-        writes = self._writes
-        if export.cfg.read_only or writes is None:
-            return None
+    def _leave_alone(self, export: Export) -> Callable[[str], bool] | None:
+        """What the data prefetcher must not fetch now: on a read-write export, a key with
+        writes staged; on a packed one, a member whose group is already being fetched."""
+        writes = None if export.cfg.read_only else self._writes
+        store = export.store
+        covered = store.covered if isinstance(store, PackedStore) else None
+        if writes is None:
+            return covered
         n = len(export.prefix)
-        return lambda key: writes.staged(export, key[n:]) is not None
+
+        def leave(key: str) -> bool:
+            return writes.staged(export, key[n:]) is not None or (
+                covered is not None and covered(key)
+            )
+
+        return leave
 
     def _open_store(self, ec: ExportConfig) -> ObjectStore:
         observer = self.metrics.backend_request

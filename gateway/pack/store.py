@@ -2,7 +2,8 @@
 answers a whole-object GET of a packed object from its shard, everything else from the
 bucket, so the client sees the original tree and unmodified training code reads it.
 
-Owns: loading the index (``load``, one GET and a parse off the event loop), deciding per GET
+Owns: loading the index (``load``: a HEAD and a GET each of the index and the unpacked keys,
+a LIST of the shards, parses off the event loop), deciding per GET
 whether the shard may answer it, the shard range fetches (single-flight per range) and their
 checks, and listings from the index (``list_from_index``: immutable exports, 0 LIST
 requests). Must not: cache (neighbours go to the data layer through ``deposit``), or serve
@@ -39,7 +40,7 @@ import io
 import time
 import zlib
 from bisect import bisect_left
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -51,6 +52,7 @@ from gateway.backend.base import (
     ListPage,
     ObjectInfo,
     ObjectStore,
+    StoreWrapper,
 )
 from gateway.pack.format import (
     INDEX_NAME,
@@ -76,7 +78,8 @@ class PackConfig:
     max_ranges: int = 16
     """Shard ranges being fetched at once (more GETs of packed members wait)."""
     max_index_bytes: int = 2 << 30
-    """Largest index object read (decompressed text: ~100 B per member)."""
+    """Largest index (or unpacked keys) object read, and largest text it may decompress to
+    (~100 B per member: 20M members)."""
 
 
 @dataclass(slots=True)
@@ -105,7 +108,7 @@ Deposit = Callable[[str, str, bytes], None]
 """(key, etag, bytes) of a verified neighbour, for the data layer to keep if it can."""
 
 
-class PackedStore:
+class PackedStore(StoreWrapper):
     """An ``ObjectStore`` over ``inner`` (the export's bucket) that answers packed objects'
     GETs from ``packs`` (the pack's bucket) under ``pack_prefix``."""
 
@@ -123,8 +126,7 @@ class PackedStore:
         config: PackConfig | None = None,
         stats: PackStats | None = None,
     ) -> None:
-        self.inner = inner
-        self.name = inner.name
+        super().__init__(inner)
         self._packs = packs
         self._pack_prefix = pack_prefix
         self._source_prefix = source_prefix
@@ -172,12 +174,10 @@ class PackedStore:
     async def _load(self) -> PackIndex:
         key = self._pack_prefix + INDEX_NAME
         try:
-            res = await self._packs.get(key)
+            raw = await self._read_bounded(key)
         except BackendError as e:
             raise PackError(f"cannot read the index {key!r}: {e}") from e
-        if len(res.data) > self._cfg.max_index_bytes:
-            raise PackError(f"index of {len(res.data)} B is over max_index_bytes")
-        index = await asyncio.to_thread(_parse, bytes(res.data), self._cfg.max_index_bytes)
+        index = await asyncio.to_thread(_parse, raw, self._cfg.max_index_bytes)
         if not _same_place(index.source, self._source_url):
             raise PackError(
                 f"the pack was made from {index.source}, this export serves {self._source_url}"
@@ -195,14 +195,23 @@ class PackedStore:
         """The keys the pack does not hold (``unpacked.tsv.gz``), sorted; None when the pack
         has no such list: listings then come from the bucket even on an immutable export."""
         key = self._pack_prefix + UNPACKED_NAME
+        limit = self._cfg.max_index_bytes
         try:
-            res = await self._packs.get(key)
-            items = parse_unpacked(gzip.decompress(bytes(res.data)))
+            raw = await self._read_bounded(key)
+            items = await asyncio.to_thread(lambda: parse_unpacked(_gunzip(raw, limit)))
         except (BackendError, PackError, OSError, EOFError) as e:
             if self._list_from_index:
                 log.warning("pack_listings_from_bucket", pack=self.url, reason=str(e))
             return None
         return sorted((u.path.encode("utf-8", "surrogateescape"), u) for u in items)
+
+    async def _read_bounded(self, key: str) -> bytes:
+        """The object ``key`` of the pack, refused (``PackError``) over ``max_index_bytes``
+        before any byte of it is read."""
+        size = (await self._packs.head(key)).size
+        if size > self._cfg.max_index_bytes:
+            raise PackError(f"{key}: {size} B is over max_index_bytes")
+        return bytes((await self._packs.get(key)).data)
 
     async def _shard_sizes(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -369,38 +378,6 @@ class PackedStore:
             index, self._unpacked, self._source_prefix, prefix, token or start_after, max_keys
         )
 
-    # -- everything else is the bucket's ----------------------------------------------------
-
-    async def head(self, key: str) -> ObjectInfo:
-        return await self.inner.head(key)
-
-    async def put(
-        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
-    ) -> ObjectInfo:
-        return await self.inner.put(key, data, metadata)
-
-    async def create_multipart(self, key: str, metadata: Mapping[str, str] | None = None) -> str:
-        return await self.inner.create_multipart(key, metadata)
-
-    async def upload_part(self, key: str, upload_id: str, part_no: int, data: bytes) -> str:
-        return await self.inner.upload_part(key, upload_id, part_no, data)
-
-    async def complete_multipart(
-        self, key: str, upload_id: str, parts: list[tuple[int, str]]
-    ) -> ObjectInfo:
-        return await self.inner.complete_multipart(key, upload_id, parts)
-
-    async def abort_multipart(self, key: str, upload_id: str) -> None:
-        await self.inner.abort_multipart(key, upload_id)
-
-    async def copy(
-        self, src: str, dst: str, metadata: Mapping[str, str] | None = None
-    ) -> ObjectInfo:
-        return await self.inner.copy(src, dst, metadata)
-
-    async def delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
     async def close(self) -> None:
         try:
             await self.inner.close()
@@ -422,12 +399,17 @@ def _same(a: str, b: str) -> bool:
     return a == b or a.strip('"') == b.strip('"')
 
 
-def _parse(raw: bytes, limit: int) -> PackIndex:
+def _gunzip(raw: bytes, limit: int) -> bytes:
+    """``raw`` decompressed, ``PackError`` past ``limit`` bytes (a gzip bomb stops there)."""
     with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
         text = gz.read(limit + 1)
     if len(text) > limit:
-        raise PackError("index text over max_index_bytes")
-    return parse_index(text)
+        raise PackError("decompressed over max_index_bytes")
+    return text
+
+
+def _parse(raw: bytes, limit: int) -> PackIndex:
+    return parse_index(_gunzip(raw, limit))
 
 
 def _list(
