@@ -581,40 +581,47 @@ def git_state() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def run(a: argparse.Namespace) -> int:
-    a.out.mkdir(parents=True, exist_ok=True)
+def upload_tree(sw: SeaweedServer, bucket: str, files: int, size: int, work: Path) -> Manifest:
+    """The benchmark tree in a new ``bucket`` under ``PREFIX``: ``files`` files in folders of
+    ``PER_CLASS``, lognormal sizes of mean ``size`` (sd a quarter of it), seed 0."""
     spec = DatasetSpec(
-        classes=-(-a.files // PER_CLASS),
+        classes=-(-files // PER_CLASS),
         per_class_min=PER_CLASS,
         per_class_max=PER_CLASS,
-        mean_size=a.size,
-        sd_size=a.size // 4,
+        mean_size=size,
+        sd_size=size // 4,
         min_size=1024,
-        max_size=4 * a.size,
+        max_size=4 * size,
     )
+    sw.create_bucket(bucket)
+    t0 = time.monotonic()
+    manifest = asyncio.run(
+        make_dataset(
+            spec,
+            s3_url=f"s3://{bucket}/{PREFIX}",
+            s3_endpoint_url=sw.endpoint_url,
+            access_key=sw.access_key,
+            secret_key=sw.secret_key,
+            manifest_path=work / "manifest.tsv",
+            progress=False,
+        )
+    )
+    log(
+        f"dataset: {len(manifest.entries):,} files in {len(manifest.classes)} folders, "
+        f"{manifest.total_bytes / MiB:.1f} MiB, uploaded in {time.monotonic() - t0:.1f} s"
+    )
+    return manifest
+
+
+def run(a: argparse.Namespace) -> int:
+    a.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="nfsgw-dp-") as tmp:
         work = Path(tmp)
         sw = SeaweedServer().start()
         proxy: ProxyProcess | None = None
         try:
-            sw.create_bucket(BUCKET)
-            t0 = time.monotonic()
-            manifest = asyncio.run(
-                make_dataset(
-                    spec,
-                    s3_url=f"s3://{BUCKET}/{PREFIX}",
-                    s3_endpoint_url=sw.endpoint_url,
-                    access_key=sw.access_key,
-                    secret_key=sw.secret_key,
-                    manifest_path=work / "manifest.tsv",
-                    progress=False,
-                )
-            )
+            manifest = upload_tree(sw, BUCKET, a.files, a.size, work)
             total = manifest.total_bytes
-            log(
-                f"dataset: {len(manifest.entries):,} files in {len(manifest.classes)} folders, "
-                f"{total / MiB:.1f} MiB, uploaded in {time.monotonic() - t0:.1f} s"
-            )
             proxy = ProxyProcess(sw.endpoint_url, a.latency_ms, a.out / "proxy.log")
             log(f"delay proxy {proxy.endpoint_url} -> {sw.endpoint_url}, +{a.latency_ms:g} ms")
             runs: list[Run] = []

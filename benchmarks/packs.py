@@ -29,7 +29,6 @@ the gateway or leave a process running.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
@@ -47,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # a sibling script, as mypy names it
 
 from data_prefetch import (  # noqa: E402
+    PREFIX,
     Account,
     ProxyProcess,
     cpu_seconds,
@@ -56,18 +56,17 @@ from data_prefetch import (  # noqa: E402
     read_epoch,
     scan,
     settle,
+    upload_tree,
 )
 
-from loadgen.dataset import DatasetSpec, Manifest, make_dataset  # noqa: E402
+from loadgen.dataset import Manifest  # noqa: E402
 from loadgen.gwprocess import GatewayProcess  # noqa: E402
 from loadgen.seaweed import SeaweedServer  # noqa: E402
 from tests.libnfs import LibNfs  # noqa: E402
 
 OUT = Path("/var/tmp/nfsgw-packs")
 BUCKET = "bench"
-PREFIX = "train/"
 PACK = f"s3://{BUCKET}/packs/train"
-PER_CLASS = 100
 MiB = 1024 * 1024
 IMAGENET_BYTES = 148e9
 
@@ -214,35 +213,14 @@ def run_gateway(
 
 def run(a: argparse.Namespace) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
-    spec = DatasetSpec(
-        classes=-(-a.files // PER_CLASS),
-        per_class_min=PER_CLASS,
-        per_class_max=PER_CLASS,
-        mean_size=a.size,
-        sd_size=a.size // 4,
-        min_size=1024,
-        max_size=4 * a.size,
-    )
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="nfsgw-packs-") as tmp:
         work = Path(tmp)
         sw = SeaweedServer().start()
         proxy: ProxyProcess | None = None
         try:
-            sw.create_bucket(BUCKET)
-            manifest = asyncio.run(
-                make_dataset(
-                    spec,
-                    s3_url=f"s3://{BUCKET}/{PREFIX}",
-                    s3_endpoint_url=sw.endpoint_url,
-                    access_key=sw.access_key,
-                    secret_key=sw.secret_key,
-                    manifest_path=work / "manifest.tsv",
-                    progress=False,
-                )
-            )
+            manifest = upload_tree(sw, BUCKET, a.files, a.size, work)
             total = manifest.total_bytes
-            log(f"dataset: {len(manifest.entries):,} files, {total / MiB:.1f} MiB")
             packing = pack(sw, work, a.out)
             packing["mb_per_s"] = round(total / packing["seconds"] / 1e6, 1)
             packing["files_per_s"] = round(len(manifest.entries) / packing["seconds"], 1)
