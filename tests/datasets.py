@@ -21,12 +21,27 @@ import asyncio
 import hashlib
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.backend.base import GetResult, ListPage, ObjectInfo, ObjectStore, StoreWrapper
+from gateway.backend.base import (
+    BackendError,
+    GetResult,
+    ListPage,
+    ObjectInfo,
+    ObjectStore,
+    StoreWrapper,
+)
 
-__all__ = ["Dataset", "Expected", "SpyStore", "build_imagefolder", "md5", "upload"]
+__all__ = [
+    "Dataset",
+    "Expected",
+    "SpyStore",
+    "build_imagefolder",
+    "md5",
+    "put_objects",
+    "upload",
+]
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -211,3 +226,29 @@ class SpyStore(StoreWrapper):
     ) -> GetResult:
         self.gets.append((key, start, end))
         return await self.inner.get(key, start, end, if_match=if_match)
+
+
+async def put_objects(
+    store: ObjectStore,
+    objects: Mapping[str, bytes],
+    *,
+    concurrency: int = 16,
+    refusable: Callable[[str], bool] = lambda key: False,
+) -> set[str]:
+    """PUT every object (``concurrency`` at once); the keys the store refused among those
+    ``refusable`` says it may refuse (e.g. names with a tab) are returned, any other refusal
+    raises."""
+    sem = asyncio.Semaphore(concurrency)
+    refused: set[str] = set()
+
+    async def put(key: str, body: bytes) -> None:
+        async with sem:
+            try:
+                await store.put(key, body)
+            except BackendError:
+                if not refusable(key):
+                    raise
+                refused.add(key)
+
+    await asyncio.gather(*(put(k, v) for k, v in objects.items()))
+    return refused

@@ -45,6 +45,7 @@ from gateway.backend.s3 import S3Store
 from gateway.data.cache import ENTRY_OVERHEAD
 from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
+from tests.datasets import put_objects
 from tests.faultproxy import FaultProxy, Rule, request_kind
 from tests.harness.thread import GatewayThread, LoopThread
 from tests.libnfs import LibNfs, libnfs_available
@@ -160,13 +161,7 @@ def tree(seaweed: SeaweedServer) -> Iterator[tuple[str, dict[str, bytes]]]:
     async def fill() -> None:
         store = S3Store(name, **seaweed.store_kwargs())
         try:
-            sem = asyncio.Semaphore(32)
-
-            async def put(k: str, v: bytes) -> None:
-                async with sem:
-                    await store.put(PREFIX + k, v)
-
-            await asyncio.gather(*(put(k, v) for k, v in files.items()))
+            await put_objects(store, {PREFIX + k: v for k, v in files.items()}, concurrency=32)
         finally:
             await store.close()
 

@@ -32,10 +32,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backend.base import BackendError, ObjectInfo
+from gateway.backend.base import ObjectInfo
 from gateway.backend.s3 import S3Store
 from gateway.pack.format import PackIndex, parse_index
 from loadgen.seaweed import SeaweedServer
+from tests.datasets import put_objects
 
 pytestmark = [pytest.mark.s3]
 
@@ -121,18 +122,9 @@ def tree(seaweed: SeaweedServer) -> Iterator[tuple[str, dict[str, bytes]]]:
     async def fill() -> None:
         store = S3Store(name, **seaweed.store_kwargs())
         try:
-            sem = asyncio.Semaphore(16)
-
-            async def put(k: str, v: bytes) -> None:
-                async with sem:
-                    try:
-                        await store.put(SRC_PREFIX + k, v)
-                    except BackendError:
-                        if "\t" not in k:
-                            raise
-                        del files[k]  # a store that refuses tabs in keys
-
-            await asyncio.gather(*(put(k, v) for k, v in list(files.items())))
+            objects = {SRC_PREFIX + k: v for k, v in files.items()}
+            for key in await put_objects(store, objects, refusable=lambda k: "\t" in k):
+                del files[key.removeprefix(SRC_PREFIX)]  # a store that refuses tabs in keys
         finally:
             await store.close()
 

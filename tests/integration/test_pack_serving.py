@@ -44,12 +44,12 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
-from gateway.backend.base import BackendError
 from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
 from gateway.pack.format import PackIndex, parse_index
 from gateway.pack.store import PackedStore
 from loadgen.seaweed import SeaweedServer
+from tests.datasets import put_objects
 from tests.faultproxy import FaultProxy, request_kind
 from tests.harness.thread import GatewayThread, LoopThread
 from tests.libnfs import LibNfs, libnfs_available
@@ -118,23 +118,10 @@ def served(files: Mapping[str, bytes]) -> dict[str, bytes]:
 async def _put_all(sw: SeaweedServer, bucket: str, objects: Mapping[str, bytes]) -> set[str]:
     """PUT every object; the keys the store refused (a tab in the name) are returned."""
     store = S3Store(bucket, **sw.store_kwargs())
-    refused: set[str] = set()
     try:
-        sem = asyncio.Semaphore(16)
-
-        async def put(k: str, v: bytes) -> None:
-            async with sem:
-                try:
-                    await store.put(k, v)
-                except BackendError:
-                    if "\t" not in k:
-                        raise
-                    refused.add(k)
-
-        await asyncio.gather(*(put(k, v) for k, v in objects.items()))
+        return await put_objects(store, objects, refusable=lambda k: "\t" in k)
     finally:
         await store.close()
-    return refused
 
 
 def put_all(sw: SeaweedServer, bucket: str, objects: Mapping[str, bytes]) -> set[str]:
