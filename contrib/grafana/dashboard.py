@@ -193,12 +193,13 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                Q(rate("nfsgw_data_readahead_unused_blocks_total"), "read-ahead unused"))),
         Panel("Data prefetcher state",
               "Files left to consider in listed directories this pass, files in flight, the "
-              "concurrency limit (halved while the backend answers 503/SlowDown), and 1 while "
-              "the cache has no room for more.", "short",
+              "concurrency limit (halved while the backend answers 503/SlowDown), 1 while "
+              "the cache has no room for more, and 1 while a client lists directories.", "short",
               (Q(gauge("nfsgw_prefetch_queued_files"), "files queued"),
                Q(gauge("nfsgw_prefetch_inflight"), "in flight"),
                Q(gauge("nfsgw_prefetch_concurrency"), "concurrency limit"),
-               Q(gauge("nfsgw_prefetch_waiting_room"), "waiting for room"))),
+               Q(gauge("nfsgw_prefetch_waiting_room"), "waiting for room"),
+               Q(gauge("nfsgw_prefetch_waiting_listing"), "waiting for a listing"))),
         Panel("Warm-up jobs and progress",
               "Warm-up jobs by state (nfsgw warmup / POST /v1/warmup), and the files and "
               "directories they get through per second.", "short",

@@ -35,6 +35,11 @@ room there is), or know about NFS.
   (a re-read within the last ``RECENT_OPENS`` opens is the same read: a decoder seeking back
   to the header): the next epoch began while files it never reads kept the pass open, or
   this is no epoch at all (a hot set read over and over), whose files must not stay spent.
+- **Listings first.** While a client lists directories (a READDIR page in the last
+  ``browse_quiet_s``: ImageFolder's scan, ``ls -lR``), nothing new is started: the listing is
+  metadata the client is waiting for, and fetching every file it names at the same time made
+  the gateway list 1.28M entries about 7x slower (local backend). The directories it listed
+  are queued and fetched once it is over; a scan by LOOKUP alone does not pause it.
 - **Polite.** At most ``prefetch_concurrency`` objects and ``prefetch_inflight`` bytes at
   once. A backend request retried anywhere in the gateway (503, SlowDown, a connection
   error: ``pressure``) halves the concurrency and pauses the prefetcher (0.5 s, doubling to
@@ -112,6 +117,8 @@ class PrefetchStats:
     """Current limit on objects in flight (``prefetch_concurrency`` unless backing off)."""
     waiting_room: int = 0
     """1 while the cache has no room (the prefetcher resumes when it has)."""
+    waiting_listing: int = 0
+    """1 while a client lists directories (the prefetcher resumes after it)."""
     pass_files: int = 0
     """Files of the directories read in this pass or the last."""
     pass_read: int = 0
@@ -181,6 +188,7 @@ class DataPrefetcher:
         self._successes = 0
         self._backoff = cfg.backoff_s
         self._pause_until = 0.0
+        self._browse_until = 0.0
         self._disk_full_until = 0.0
         self._inflight = 0
         self._inflight_bytes = 0
@@ -293,6 +301,10 @@ class DataPrefetcher:
         if self._pass_read >= self._cfg.pass_fraction * self._pass_files:
             self._new_pass()
 
+    def browsing(self) -> None:
+        """A client asked for a READDIR page: let listings go first for a while."""
+        self._browse_until = time.monotonic() + self._cfg.browse_quiet_s
+
     def _new_pass(self) -> None:
         self.stats.passes += 1
         self._pass += 1
@@ -353,9 +365,7 @@ class DataPrefetcher:
             ):
                 self._freed.clear()
                 await self._freed.wait()
-            now = time.monotonic()
-            if now < self._pause_until:
-                await asyncio.sleep(self._pause_until - now)
+            await self._quiet()
             where = await self._room(size)
             if not self._wanted(d, r):
                 continue  # read, cached or dropped while waiting
@@ -369,6 +379,19 @@ class DataPrefetcher:
             )
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
+
+    async def _quiet(self) -> None:
+        """Wait out a back-off pause and a client's listing (which may go on)."""
+        while True:
+            now = time.monotonic()
+            if now < self._pause_until:
+                await asyncio.sleep(self._pause_until - now)
+            elif now < self._browse_until:
+                self.stats.waiting_listing = 1
+                await asyncio.sleep(self._browse_until - now)
+            else:
+                self.stats.waiting_listing = 0
+                return
 
     def _next(self) -> tuple[_Dir, int, int] | Literal[False] | None:
         """The next object to fetch: a retry that is due, else the next candidate of the
@@ -530,6 +553,9 @@ class _Watcher:
 
     def dropped(self, store: ObjectStore, key_prefix: str) -> None:
         self._p.drop_dir(store, key_prefix)
+
+    def browsing(self) -> None:
+        self._p.browsing()
 
 
 def _ones(bits: bytearray) -> int:

@@ -95,12 +95,14 @@ directories listed together are re-listed spread over time."""
 
 
 class DirWatcher(Protocol):
-    """Told of every finished listing and every directory the index drops (the data
-    prefetcher, ``gateway.data.prefetch``)."""
+    """Told of every finished listing, every directory the index drops and every READDIR
+    page asked for (the data prefetcher, ``gateway.data.prefetch``)."""
 
     def listed(self, store: ObjectStore, key_prefix: str, cols: Columns) -> None: ...
 
     def dropped(self, store: ObjectStore, key_prefix: str) -> None: ...
+
+    def browsing(self) -> None: ...
 
 
 class Namespace:
@@ -189,6 +191,8 @@ class Namespace:
 
     async def readdir_rows(self, dir_path: str, cookie: int, max_entries: int = 1024) -> Rows:
         """``readdir``'s page as rows of the directory's columns (``directory.Rows``)."""
+        if self.watcher is not None:
+            self.watcher.browsing()
         if dir_path:
             self._check_not_file(dir_path)
         d = self._dir(dir_path)

@@ -13,6 +13,7 @@ end-to-end versions (SeaweedFS, libnfs, a 503 storm through a fault proxy) are i
 - Failed prefetches back the prefetcher off and are retried; no READ fails for them.
 - Off (globally or per export): no GET before a READ, exactly one per file read.
 - Passes: one ends when most files were read, or when re-reads pile up (a hot set).
+- A client listing directories (READDIR) goes first: nothing is fetched until it is over.
 """
 
 from __future__ import annotations
@@ -285,3 +286,23 @@ def test_a_pass_ends_when_every_file_was_read_or_rereads_pile_up() -> None:
         await p.close()
 
     asyncio.run(run())
+
+
+async def test_a_client_listing_directories_goes_first(tmp_path: Path) -> None:
+    """While READDIR pages are being asked for (ImageFolder's scan, ``ls -lR``) nothing is
+    fetched; what was listed is fetched once the listing is over."""
+    files = tree(3, 20)
+    async with gateway(tmp_path, files) as gw:
+        p = prefetcher(gw)
+        p._cfg = p._cfg.__class__(browse_quiet_s=0.3)
+        root = await gw.mount(b"/data")
+        for c in range(3):  # list the folders, then keep listing the last one
+            d = await gw.walk(root, f"c{c}")
+            assert (await gw.readdirplus(d)).status == NfsStat3.NFS3_OK
+        for _ in range(5):
+            await asyncio.sleep(0.1)
+            assert (await gw.readdirplus(d)).status == NfsStat3.NFS3_OK
+            assert gets(gw.store) == Counter() and p.stats.waiting_listing == 1
+        await settle(gw)
+        assert gets(gw.store) == Counter(list(files))  # each once, after the listing
+        assert p.stats.waiting_listing == 0
