@@ -243,7 +243,8 @@ class ExportConfig:
         default=True,
         metadata=setting(
             boolean,
-            "fetch listed small files ahead of READs (with [cache] data_prefetch on)",
+            "fetch listed small files ahead of READs (with [cache] data_prefetch on; "
+            "never for a file:// backend)",
             reload="rebuild",
         ),
     )

@@ -287,7 +287,10 @@ class Server:
         )
         self.metrics.add_stats("namespace", ns_stats)
         export = Export(export_id_for(ec.path), ec, store, ns, prefix)
-        if self.prefetcher is not None and ec.data_prefetch:
+        # A local directory's files cost a READ what they would cost a prefetch (the page
+        # cache holds them; no latency to hide): prefetching them only takes CPU from READs.
+        remote = parse_store_url(ec.backend).scheme != "file"
+        if self.prefetcher is not None and ec.data_prefetch and remote:
             ns.watcher = self.prefetcher.watch(self._leave_alone(export))
         return export
 

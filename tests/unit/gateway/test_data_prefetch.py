@@ -306,3 +306,17 @@ async def test_a_client_listing_directories_goes_first(tmp_path: Path) -> None:
         await settle(gw)
         assert gets(gw.store) == Counter(list(files))  # each once, after the listing
         assert p.stats.waiting_listing == 0
+
+
+async def test_a_local_backend_is_not_prefetched(tmp_path: Path) -> None:
+    """A file:// export: a READ costs what a prefetch would, so nothing is fetched ahead."""
+    files = tree(2, 10)
+    local = {"read_only": True, "immutable": True}
+    ec = ExportConfig("/data", f"file://{tmp_path}/ds", **local)
+    async with MemoryGateway.of(tmp_path, [ec], files=files, cache_data_prefetch=True) as gw:
+        root = await gw.mount(b"/data")
+        for c in range(2):
+            d = await gw.walk(root, f"ds/c{c}")
+            assert (await gw.readdirplus(d)).status == NfsStat3.NFS3_OK
+        await asyncio.sleep(0.8)  # past the listing's pause
+        assert prefetcher(gw).stats.dirs == 0 and gets(gw.store) == Counter()
