@@ -49,11 +49,19 @@ class S3Account(Protocol):
     def secret_key(self) -> str: ...
 
 
+_given: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A port nothing listens on now, and not one this process handed out before: two calls
+    in a row (a gateway's NFS and admin ports) can otherwise get the same ephemeral port."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port: int = s.getsockname()[1]
+        if port not in _given:
+            _given.add(port)
+            return port
 
 
 def _value(v: object) -> str:
