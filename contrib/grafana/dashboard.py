@@ -238,6 +238,11 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "outcome.", "short",
               (Q(f"sum by (outcome) (increase(nfsgw_config_reloads_total{{{SEL}}}[1h]))",
                  "{{outcome}}"),), kind="stat"),
+        Panel("Garbage collection",
+              "Share of time the gateway spent in garbage collections (every call waits "
+              "meanwhile), and the longest collection since it started.", "s",
+              (Q(rate("nfsgw_gc_seconds_total"), "time in collections per second"),
+               Q(f"max(nfsgw_gc_longest_pause_seconds{{{SEL}}})", "longest pause"))),
     )),
 )  # fmt: skip
 

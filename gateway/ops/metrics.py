@@ -527,6 +527,15 @@ METRICS: tuple[MetricDef, ...] = (
        _F("server", "metadata_cache_budget_bytes")),
     _M("nfsgw_start_time_seconds", GAUGE, "Start time of the process (Unix time)", (),
        Hook.START_TIME),
+    # -- the garbage collector: ops.gcwatch.GcStats --------------------------------------------
+    _M("nfsgw_gc_full_collections_total", COUNTER, "Full (generation 2) garbage collections",
+       (), _F("gc", "full")),
+    _M("nfsgw_gc_seconds_total", COUNTER,
+       "Time the process spent in garbage collections (every call waits meanwhile)", (),
+       _F("gc", "seconds")),
+    _M("nfsgw_gc_longest_pause_seconds", GAUGE,
+       "The longest garbage collection since the process started", (),
+       _F("gc", "longest_s")),
     # -- warm-ups: ops.warmup.WarmupStats -----------------------------------------------------
     _M("nfsgw_warmup_jobs", GAUGE, "Warm-up jobs by state", ("state",),
        PerLabel("warmup", tuple((s, s) for s in ("running", "done", "failed", "cancelled")))),
@@ -564,6 +573,7 @@ SUPERVISOR_METRICS: tuple[MetricDef, ...] = (
 MERGE_MAX: frozenset[str] = frozenset(
     {
         "nfsgw_exports",
+        "nfsgw_gc_longest_pause_seconds",  # the worst worker's
         # the one disk tier of the host, as each worker last saw it
         "nfsgw_disk_cache_enabled",
         "nfsgw_disk_cache_bytes",

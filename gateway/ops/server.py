@@ -47,6 +47,7 @@ from gateway.namespace.resolve import Handles
 from gateway.ops.admin import AdminApi
 from gateway.ops.config import ServerConfig, needs_rebuild, reload_plan
 from gateway.ops.configfile import ConfigErrors, load_config
+from gateway.ops.gcwatch import GcWatch
 from gateway.ops.metrics import Metrics, ServerStats
 from gateway.ops.systemd import Notifier
 from gateway.ops.warmup import Warmups
@@ -92,6 +93,7 @@ class Server:
         self.metrics = Metrics()
         self.drc = DuplicateRequestCache(config.server.nfs.drc, self.clock)
         self.prefetcher: DataPrefetcher | None = None
+        self.gc_watch = GcWatch()
         self.prefetch_stats = PrefetchStats()
         self._writes: WriteManager | None = None
         self._reader: ObjectReader | None = None
@@ -162,6 +164,8 @@ class Server:
         self.metrics.prepare()
         self.warmups = Warmups(gw, self.clock)
         self.metrics.add_stats("warmup", self.warmups.stats)
+        self.metrics.add_stats("gc", self.gc_watch.stats)
+        self.gc_watch.install()
         if self.prefetcher is not None:
             self.prefetcher.start()
 
@@ -581,6 +585,7 @@ class Server:
             for export in [*self.gateway.exports.values(), *self._retired_exports]:
                 await self._close_export(export)
             await self.gateway.handles.close()
+        self.gc_watch.remove()
         await self.notifier.close()
         log.info("gateway_stopped", port=self.port)
 

@@ -21,6 +21,7 @@ from gateway.drc import DrcStats
 from gateway.forward import RouteStats
 from gateway.namespace import NamespaceStats
 from gateway.namespace.resolve import HandleStats
+from gateway.ops.gcwatch import GcStats
 from gateway.ops.metrics import (
     METRICS,
     SUPERVISOR_METRICS,
@@ -52,6 +53,7 @@ LAYERS: dict[str, type] = {
     "route": RouteStats,
     "prefetch": PrefetchStats,
     "pack": PackStats,
+    "gc": GcStats,
 }
 
 
