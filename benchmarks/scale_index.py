@@ -440,9 +440,15 @@ def counters(before: Samples, after: Samples) -> dict[str, float]:
             "nfsgw_metadata_cache_evictions_total",
             "nfsgw_data_cache_hits_total",
             "nfsgw_data_cache_misses_total",
+            "nfsgw_gc_full_collections_total",
+            "nfsgw_gc_seconds_total",
         ):
             k = name.removeprefix("nfsgw_").removesuffix("_total")
-        elif name in ("nfsgw_metadata_cache_bytes", "nfsgw_metadata_cache_entries"):
+        elif name in (
+            "nfsgw_metadata_cache_bytes",
+            "nfsgw_metadata_cache_entries",
+            "nfsgw_gc_longest_pause_seconds",
+        ):
             out[name.removeprefix("nfsgw_")] = v  # gauges: the value now
             continue
         else:
@@ -589,6 +595,16 @@ def _relists(r: dict[str, Any] | None) -> str:
     return f"{relists:,.0f}{per}"
 
 
+def _gc(r: dict[str, Any] | None) -> str:
+    """Full collections in the epochs, and the longest collection of the run (ms)."""
+    if r is None:
+        return "—"
+    gw = [e["gateway"] for e in r["epochs"]]
+    full = sum(g.get("gc_full_collections", 0.0) for g in gw)
+    longest = max((g.get("gc_longest_pause_seconds", 0.0) for g in gw), default=0.0)
+    return f"{full:,.0f}, {longest * 1e3:.0f} ms"
+
+
 def scale_table(
     results: dict[str, dict[str, Any] | None], tree: Tree, small: Tree, subset: int
 ) -> str:
@@ -664,6 +680,10 @@ def table(results: dict[str, dict[str, Any] | None], tree: Tree, subset: int) ->
         f"| {_backend(i, 'epochs')} | — | | | |"
     )
     out.append(f"| re-lists during the epochs | {_relists(d)} | {_relists(i)} | — | | | |")
+    gcs = [_gc(r) for r in (d, i)]
+    out.append(
+        f"| full GCs in the epochs, longest GC pause in the run | {gcs[0]} | {gcs[1]} | — | | | |"
+    )
     idx = [_get(r, "listing", "gateway", "metadata_cache_bytes") for r in (d, i)]
     per = [None if b is None else b / tree.entries for b in idx]
     out.append(
