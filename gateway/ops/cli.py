@@ -216,6 +216,7 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
 
 
 async def _serve(config: ServerConfig, a: argparse.Namespace, argv: Sequence[str]) -> int:
+    from gateway.ops.gcwatch import freeze_long_lived
     from gateway.ops.server import Server
     from gateway.ops.systemd import Notifier
 
@@ -242,6 +243,8 @@ async def _serve(config: ServerConfig, a: argparse.Namespace, argv: Sequence[str
     except BaseException:
         await _stop_now(server)
         raise
+    if isinstance(server, Server):
+        freeze_long_lived()
     return await server.run_until_signalled()
 
 

@@ -24,3 +24,21 @@ def test_full_collections_and_their_time_are_counted() -> None:
     assert 0 < s.longest_s <= s.seconds
     gc.collect()
     assert w.stats.full == 1  # removed: no longer counted
+
+
+def test_what_is_frozen_is_out_of_full_collections() -> None:
+    from gateway.ops.gcwatch import freeze_long_lived
+
+    table = {i: [i] for i in range(200_000)}  # a long-lived table, like the data cache's
+    try:
+        freeze_long_lived()
+        assert gc.get_freeze_count() >= len(table)
+        w = GcWatch()
+        w.install()
+        try:
+            gc.collect()
+        finally:
+            w.remove()
+        assert w.stats.full == 1
+    finally:
+        gc.unfreeze()
