@@ -4,7 +4,7 @@ read by an independent client (libnfs, through ``tests/libnfs.py``).
 
     .venv/bin/python benchmarks/scale_index.py [--folders 1000 --per-folder 1281]
         [--epoch-files 200000] [--ttl 5] [--tree DIR] [--out DIR] [--no-ganesha]
-        [--no-immutable] [--small-folders 8]
+        [--no-immutable] [--small-folders 8] [--listing-runs 3]
 
 Owns: the tree (built once with a bounded thread pool under ``--tree``, reused while its
 ``complete.json`` marker matches), the servers' life cycle, the client workload, the table and
@@ -473,10 +473,30 @@ def rss_cpu(pid: int) -> tuple[int, float]:
 # ------------------------------------------------------------------------------------ one server
 
 
-def measure(server: Server, tree: Tree, subset: Sequence[int], seed: int) -> dict[str, Any]:
+def extra_listings(server: Server, tree: Tree, runs: int) -> list[float]:
+    """Seconds of ``runs`` more first listings, each by a freshly started server: a listing
+    is one first touch per folder, so it is repeated only by starting again. On this shared
+    machine one listing moved 30-45 % between runs (and between two gateways doing the same
+    work), so the table shows the best of all runs."""
+    out = []
+    for i in range(runs):
+        server.start()
+        try:
+            listing = list_tree(server.url, tree)
+        finally:
+            server.stop()
+        log(f"{server.name}: extra listing {i + 1}/{runs}: {listing.seconds:.1f} s")
+        out.append(listing.seconds)
+    return out
+
+
+def measure(
+    server: Server, tree: Tree, subset: Sequence[int], seed: int, listing_runs: int = 1
+) -> dict[str, Any]:
     r: dict[str, Any] = {"name": server.name}
     log(f"{server.name}: starting")
     clients: list[LibNfs] = []
+    extra = extra_listings(server, tree, listing_runs - 1)
     try:
         server.start()
         rss0, cpu0 = rss_cpu(server.pid)
@@ -487,7 +507,8 @@ def measure(server: Server, tree: Tree, subset: Sequence[int], seed: int) -> dic
         rss1, cpu1 = rss_cpu(server.pid)
         m1 = server.metrics()
         r["listing"] = {
-            "seconds": listing.seconds,
+            "seconds": min([listing.seconds, *extra]),
+            "runs_s": [*extra, listing.seconds],
             "entries": listing.entries,
             "complete": listing.entries == tree.entries and not listing.errors,
             "errors": listing.errors,
@@ -638,7 +659,11 @@ def scale_table(
 def table(results: dict[str, dict[str, Any] | None], tree: Tree, subset: int) -> str:
     d, i, g = results.get("nfsgw-default"), results.get("nfsgw-immutable"), results.get("ganesha")
     rows: list[tuple[str, Any, int]] = [
-        (f"list all {tree.entries:,} entries (READDIRPLUS), s", ("listing", "seconds"), 1),
+        (
+            f"list all {tree.entries:,} entries (READDIRPLUS), best run, s",
+            ("listing", "seconds"),
+            1,
+        ),
         ("entries seen", ("listing", "entries"), 0),
         ("RSS after the listing, MiB", ("rss_after_listing_mib",), 0),
         ("RSS per entry, B", ("rss_per_entry_bytes",), 0),
@@ -802,7 +827,8 @@ def run(args: argparse.Namespace, with_ganesha: bool, ganesha_note: str) -> int:
             try:
                 for s, s_tree, s_subset in runs:
                     try:
-                        results[s.name] = measure(s, s_tree, s_subset, args.seed)
+                        n = args.listing_runs if s_tree is tree else 1
+                        results[s.name] = measure(s, s_tree, s_subset, args.seed, n)
                     except RuntimeError as e:
                         if s.name != "ganesha":
                             raise
@@ -856,6 +882,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--folders", type=int, default=1000)
     p.add_argument("--per-folder", type=int, default=1281)
     p.add_argument("--epoch-files", type=int, default=200_000, help="random subset per epoch")
+    p.add_argument(
+        "--listing-runs",
+        type=int,
+        default=3,
+        help="first listings of the big tree per server, each after a fresh start (best shown)",
+    )
     p.add_argument(
         "--ttl", type=float, default=None, help="nfsgw --attr-ttl for the default gateway"
     )
