@@ -8,11 +8,15 @@ The tree: ``--files`` files of about ``--size`` bytes (deterministic contents) i
 written once under ``--tree`` (default /var/tmp/nfsgw-workers/FILESxSIZE) and reused. Every
 server exports that folder read-only (nfsgw: ``--export /data=file://TREE --read-only``, its
 defaults otherwise, ``--workers`` as said; with ``--disk-tier`` each gateway also gets a fresh
-``--cache-dir``, the disk tier its workers share). The client is independent of the gateway: libnfs
-(``tests/libnfs.py``), ``--clients`` threads each with its own connection (so several
-connections reach each worker: SO_REUSEPORT spreads them), reading every file whole with one
-``open`` + ``read`` + ``close`` per file (LOOKUP, ACCESS, READ on the wire), every byte
-checked. Per server: ``--epochs`` epochs in fresh random orders; epoch 1 warms the caches
+``--cache-dir``, the disk tier its workers share). The client is independent of the gateway:
+libnfs from C (``benchmarks/nfsread.c`` via ``nfsreader.py``), ``--clients`` threads each with
+its own connection (so several connections reach each worker: SO_REUSEPORT spreads them),
+reading every file whole with one ``open`` + ``pread`` until EOF + ``close`` per file (LOOKUP,
+ACCESS, READ on the wire), every byte checked against the local tree. ``--client python``
+does the same from Python threads over ``tests/libnfs.py`` (the earlier figures): that client
+spends about as much CPU per file as the server, a core of this 2-core machine the servers
+then never get; the client's CPU per file is reported next to the server's.
+Per server: ``--epochs`` epochs in fresh random orders; epoch 1 warms the caches
 (nfsgw's data cache; the page cache for ganesha), the best later epoch is the warm figure
 (a shared machine is noisy: the best of several is the stable statistic). Reported: files/s
 and MB/s per epoch, p99 latency, the server's CPU seconds per 1,000 files (its whole process
@@ -50,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # a sibling script, as mypy names it
 
 import netns  # noqa: E402
+from nfsreader import NfsReader  # noqa: E402
 from scale_index import Ganesha, log  # noqa: E402
 
 from loadgen.gwprocess import GatewayProcess  # noqa: E402
@@ -139,30 +144,146 @@ class Nfsgw:
         return {k: v for k, v in m.items() if k.startswith("nfsgw_worker_rpc_requests_total{")}
 
 
-def balanced_clients(server: Nfsgw, n: int, workers: int) -> list[LibNfs]:
-    """``n`` connections, at most ``ceil(n / workers)`` on any worker. The kernel spreads
-    connections by a hash of their addresses and ports: with a few connections one worker
-    can get most of them by chance (all 8 of 8 on one of two workers: 1 in 128), which
+class Clients(Protocol):
+    """``n`` connections to one server, read from all at once."""
+
+    def connect(self, i: int) -> None:
+        """(Re)open connection ``i``."""
+
+    def probe(self, i: int) -> None:
+        """One call over connection ``i`` (to see which worker answers it)."""
+
+    def epoch(self, tree: Tree, order: Sequence[int]) -> tuple[Epoch, float]:
+        """Every file of ``order`` read whole, file k on connection k mod n; the epoch (its
+        ``server_cpu_s`` left 0) and the client's CPU seconds in it."""
+
+    def close(self) -> None: ...
+
+
+class CClients:
+    """The C reader (``benchmarks/nfsread.c``): the servers, not the client, set the pace."""
+
+    def __init__(self, url: str, tree: Tree, n: int) -> None:
+        self.reader = NfsReader(url, tree.root, n)
+
+    def connect(self, i: int) -> None:
+        self.reader.open(i)
+
+    def probe(self, i: int) -> None:
+        self.reader.stat(i, "/c000")
+
+    def epoch(self, tree: Tree, order: Sequence[int]) -> tuple[Epoch, float]:
+        cpu0 = self.reader.cpu_seconds()
+        r = self.reader.epoch(["/" + tree.rel(k) for k in order])
+        ep = Epoch(
+            files=r["files"],
+            seconds=round(r["seconds"], 3),
+            files_per_s=round(r["files"] / r["seconds"], 1),
+            mb_per_s=round(r["bytes"] / r["seconds"] / 1e6, 1),
+            p99_ms=round(r["p99_ms"], 2),
+            errors=r["errors"],
+            server_cpu_s=0.0,
+        )
+        return ep, self.reader.cpu_seconds() - cpu0
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class PyClients:
+    """``tests/libnfs.py`` from Python threads (``--client python``): the figures before the
+    C reader, whose client used about as much CPU per file as the servers."""
+
+    def __init__(self, url: str, tree: Tree, n: int) -> None:
+        self.url = url
+        self.conns: list[LibNfs | None] = [None] * n
+
+    def connect(self, i: int) -> None:
+        old = self.conns[i]
+        if old is not None:
+            old.close()
+        self.conns[i] = LibNfs(self.url, timeout_ms=120_000)
+
+    def probe(self, i: int) -> None:
+        c = self.conns[i]
+        assert c is not None
+        c.stat("/c000")
+
+    def epoch(self, tree: Tree, order: Sequence[int]) -> tuple[Epoch, float]:
+        clients = [c for c in self.conns if c is not None]
+        n = len(clients)
+        lat = [array.array("d") for _ in range(n)]
+        nbytes = [0] * n
+        errors = [0] * n
+        barrier = threading.Barrier(n + 1)
+
+        def worker(w: int) -> None:
+            nfs = clients[w]
+            barrier.wait()
+            for k in order[w::n]:
+                t0 = time.perf_counter()
+                try:
+                    data = nfs.read_file("/" + tree.rel(k))
+                except OSError:
+                    data = b""
+                lat[w].append(time.perf_counter() - t0)
+                if data != tree.content(k):
+                    errors[w] += 1
+                nbytes[w] += len(data)
+
+        threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(n)]
+        for t in threads:
+            t.start()
+        cpu0 = time.process_time()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        s = sorted(x for a in lat for x in a)
+        ep = Epoch(
+            files=len(s),
+            seconds=round(wall, 3),
+            files_per_s=round(len(s) / wall, 1),
+            mb_per_s=round(sum(nbytes) / wall / 1e6, 1),
+            p99_ms=round(s[min(len(s) - 1, int(0.99 * len(s)))] * 1e3, 2) if s else 0.0,
+            errors=sum(errors),
+            server_cpu_s=0.0,
+        )
+        return ep, time.process_time() - cpu0
+
+    def close(self) -> None:
+        for c in self.conns:
+            if c is not None:
+                c.close()
+
+
+def place(clients: Clients, server: Server, n: int) -> None:
+    """Open ``n`` connections, at most ``ceil(n / workers)`` on any worker. The kernel
+    spreads connections by a hash of their addresses and ports: with a few connections one
+    worker can get most of them by chance (all 8 of 8 on one of two workers: 1 in 128), which
     measures the luck of the draw, not the gateway. Many client nodes, or ``nconnect`` on
     each, average it out; here the draw is repeated instead (bounded)."""
-    cap = -(-n // workers)
+    if not isinstance(server, Nfsgw) or server.workers == 1:
+        for i in range(n):
+            clients.connect(i)
+        return
+    cap = -(-n // server.workers)
     per: dict[str, int] = {}
-    kept: list[LibNfs] = []
+    i = 0
     for _ in range(20 * n):
-        c = LibNfs(server.url, timeout_ms=120_000)
+        clients.connect(i)
         before = server.worker_calls()
-        c.stat("/c000")
+        clients.probe(i)
         after = server.worker_calls()
         w = max(after, key=lambda k: after[k] - before.get(k, 0.0))
         if per.get(w, 0) < cap:
             per[w] = per.get(w, 0) + 1
-            kept.append(c)
-            if len(kept) == n:
+            i += 1
+            if i == n:
                 log(f"  connections per worker: {sorted(per.values())}")
-                return kept
-        else:
-            c.close()
-    raise RuntimeError(f"could not balance {n} connections over {workers} workers: {per}")
+                return
+    raise RuntimeError(f"could not balance {n} connections over {server.workers} workers: {per}")
 
 
 @dataclass(slots=True)
@@ -174,6 +295,7 @@ class Epoch:
     p99_ms: float
     errors: int
     server_cpu_s: float
+    client_cpu_s: float = 0.0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -193,72 +315,32 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def run_epoch(clients: Sequence[LibNfs], tree: Tree, order: Sequence[int], pid: int) -> Epoch:
-    n = len(clients)
-    lat = [array.array("d") for _ in range(n)]
-    nbytes = [0] * n
-    errors = [0] * n
-    barrier = threading.Barrier(n + 1)
-
-    def worker(w: int) -> None:
-        nfs = clients[w]
-        barrier.wait()
-        for k in order[w::n]:
-            t0 = time.perf_counter()
-            try:
-                data = nfs.read_file("/" + tree.rel(k))
-            except OSError:
-                data = b""
-            lat[w].append(time.perf_counter() - t0)
-            if data != tree.content(k):
-                errors[w] += 1
-            nbytes[w] += len(data)
-
-    threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(n)]
-    for t in threads:
-        t.start()
-    cpu0 = cpu_seconds(pid)
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    cpu = cpu_seconds(pid) - cpu0
-    s = sorted(x for a in lat for x in a)
-    return Epoch(
-        files=len(s),
-        seconds=round(wall, 3),
-        files_per_s=round(len(s) / wall, 1),
-        mb_per_s=round(sum(nbytes) / wall / 1e6, 1),
-        p99_ms=round(s[min(len(s) - 1, int(0.99 * len(s)))] * 1e3, 2) if s else 0.0,
-        errors=sum(errors),
-        server_cpu_s=round(cpu, 2),
-    )
-
-
-def measure(server: Server, tree: Tree, clients_n: int, epochs: int, seed: int) -> list[Epoch]:
+def measure(
+    server: Server, tree: Tree, clients_n: int, epochs: int, seed: int, kind: str
+) -> list[Epoch]:
     server.start()
     try:
-        if isinstance(server, Nfsgw) and server.workers > 1:
-            clients = balanced_clients(server, clients_n, server.workers)
-        else:
-            clients = [LibNfs(server.url, timeout_ms=120_000) for _ in range(clients_n)]
+        make = CClients if kind == "c" else PyClients
+        clients = make(server.url, tree, clients_n)
         try:
+            place(clients, server, clients_n)
             out = []
             for e in range(epochs):
                 order = list(range(tree.files))
                 random.Random(seed + e).shuffle(order)
-                ep = run_epoch(clients, tree, order, server.pid)
+                cpu0 = cpu_seconds(server.pid)
+                ep, client_cpu = clients.epoch(tree, order)
+                ep.server_cpu_s = round(cpu_seconds(server.pid) - cpu0, 2)
+                ep.client_cpu_s = round(client_cpu, 2)
                 log(
                     f"  {server.name} epoch {e + 1}: {ep.files_per_s:,.0f} files/s, "
                     f"{ep.mb_per_s} MB/s, p99 {ep.p99_ms} ms, errors {ep.errors}, "
-                    f"server CPU {ep.server_cpu_s} s"
+                    f"server CPU {ep.server_cpu_s} s, client CPU {ep.client_cpu_s} s"
                 )
                 out.append(ep)
             return out
         finally:
-            for c in clients:
-                c.close()
+            clients.close()
     finally:
         server.stop()
 
@@ -277,16 +359,24 @@ def run(args: argparse.Namespace, ganesha: bool, note: str) -> int:
     results: dict[str, list[Epoch]] = {}
     for s in servers:
         log(f"{s.name}: {args.epochs} epochs over {tree.files:,} files, {args.clients} clients")
-        results[s.name] = measure(s, tree, args.clients, args.epochs, args.seed)
+        results[s.name] = measure(s, tree, args.clients, args.epochs, args.seed, args.client)
     warm = {name: max(e.files_per_s for e in eps[1:] or eps) for name, eps in results.items()}
     one, two = warm["nfsgw --workers 1"], warm["nfsgw --workers 2"]
     g = warm.get("ganesha")
     print()
-    print(f"{'server':<20} {'epoch 1':>10} {'warm (best)':>12} {'CPU s/1k files':>15}")
+    print(f"client: {args.client}, {args.clients} connections")
+    print(
+        f"{'server':<20} {'epoch 1':>10} {'warm (best)':>12} {'CPU s/1k files':>15}"
+        f" {'client CPU s/1k':>16}"
+    )
     for name, eps in results.items():
         best = max(eps[1:] or eps, key=lambda e: e.files_per_s)
         cpu_k = best.server_cpu_s / best.files * 1000 if best.files else 0.0
-        print(f"{name:<20} {eps[0].files_per_s:>10,.0f} {best.files_per_s:>12,.0f} {cpu_k:>15.2f}")
+        client_k = best.client_cpu_s / best.files * 1000 if best.files else 0.0
+        print(
+            f"{name:<20} {eps[0].files_per_s:>10,.0f} {best.files_per_s:>12,.0f}"
+            f" {cpu_k:>15.2f} {client_k:>16.2f}"
+        )
     print(f"workers 2 / workers 1 = {two / one:.2f} (target >= 1.6)")
     if g:
         print(f"workers 2 / ganesha   = {two / g:.2f} (target >= 1.0)")
@@ -309,6 +399,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--files", type=int, default=10_000)
     p.add_argument("--size", type=int, default=110_000, help="average file size, bytes")
     p.add_argument("--clients", type=int, default=8, help="client threads (connections)")
+    p.add_argument(
+        "--client",
+        choices=("c", "python"),
+        default="c",
+        help="c: benchmarks/nfsread.c (default); python: tests/libnfs.py from threads",
+    )
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tree", type=Path, default=None)
