@@ -827,8 +827,8 @@ def run(args: argparse.Namespace, with_ganesha: bool, ganesha_note: str) -> int:
             try:
                 for s, s_tree, s_subset in runs:
                     try:
-                        n = args.listing_runs if s_tree is tree else 1
-                        results[s.name] = measure(s, s_tree, s_subset, args.seed, n)
+                        lruns = args.listing_runs if s_tree is tree else 1
+                        results[s.name] = measure(s, s_tree, s_subset, args.seed, lruns)
                     except RuntimeError as e:
                         if s.name != "ganesha":
                             raise
