@@ -39,7 +39,8 @@ room there is), or know about NFS.
   ``browse_quiet_s``: ImageFolder's scan, ``ls -lR``), nothing new is started: the listing is
   metadata the client is waiting for, and fetching every file it names at the same time made
   the gateway list 1.28M entries about 7x slower (local backend). The directories it listed
-  are queued and fetched once it is over; a scan by LOOKUP alone does not pause it.
+  are queued and fetched once it is over, or as soon as a READ shows files being read (the
+  training loop after ImageFolder's scan); a scan by LOOKUP alone does not pause it.
 - **Polite.** At most ``prefetch_concurrency`` objects and ``prefetch_inflight`` bytes at
   once. A backend request retried anywhere in the gateway (503, SlowDown, a connection
   error: ``pressure``) halves the concurrency and pauses the prefetcher (0.5 s, doubling to
@@ -50,6 +51,7 @@ room there is), or know about NFS.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -189,6 +191,7 @@ class DataPrefetcher:
         self._backoff = cfg.backoff_s
         self._pause_until = 0.0
         self._browse_until = 0.0
+        self._resume = asyncio.Event()
         self._disk_full_until = 0.0
         self._inflight = 0
         self._inflight_bytes = 0
@@ -268,7 +271,11 @@ class DataPrefetcher:
     # -- the READ side ----------------------------------------------------------------------
 
     def note_open(self, store_name: str, key: str) -> None:
-        """A READ at offset 0 of small object ``key``: mark it read in this pass."""
+        """A READ at offset 0 of small object ``key``: mark it read in this pass. Files
+        are being read: a listing going on is no longer what the client waits for."""
+        if self._browse_until:
+            self._browse_until = 0.0
+            self._resume.set()
         name = key.rpartition("/")[2]
         d = self._dirs.get((store_name, key[: len(key) - len(name)]))
         if d is None:
@@ -388,7 +395,9 @@ class DataPrefetcher:
                 await asyncio.sleep(self._pause_until - now)
             elif now < self._browse_until:
                 self.stats.waiting_listing = 1
-                await asyncio.sleep(self._browse_until - now)
+                self._resume.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._resume.wait(), self._browse_until - now)
             else:
                 self.stats.waiting_listing = 0
                 return

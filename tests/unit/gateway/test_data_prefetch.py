@@ -308,6 +308,24 @@ async def test_a_client_listing_directories_goes_first(tmp_path: Path) -> None:
         assert p.stats.waiting_listing == 0
 
 
+async def test_a_read_ends_the_listing_pause(tmp_path: Path) -> None:
+    """ImageFolder's scan, then the first batch: prefetching starts with the first READ,
+    not ``browse_quiet_s`` after the last READDIR."""
+    files = tree(2, 20)
+    async with gateway(tmp_path, files) as gw:
+        p = prefetcher(gw)
+        p._cfg = p._cfg.__class__(browse_quiet_s=60.0)
+        root = await gw.mount(b"/data")
+        d = await gw.walk(root, "c0")
+        assert (await gw.readdirplus(d)).status == NfsStat3.NFS3_OK
+        await asyncio.sleep(0.1)
+        assert gets(gw.store) == Counter() and p.stats.waiting_listing == 1
+        first = (await gw.lookup(d, b"img_000.jpg")).object
+        assert (await gw.read(first)).status == NfsStat3.NFS3_OK
+        await settle(gw)  # well within the 60 s pause
+        assert sum(gets(gw.store).values()) == 20  # c0: each file once
+
+
 async def test_a_local_backend_is_not_prefetched(tmp_path: Path) -> None:
     """A file:// export: a READ costs what a prefetch would, so nothing is fetched ahead."""
     files = tree(2, 10)
