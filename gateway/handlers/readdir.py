@@ -78,7 +78,10 @@ async def _fill(
     and the client's next call gets the answer for it."""
     ns = export.ns
     rows = await ns.readdir_rows(
-        d.path, 0 if cookie <= DOTDOT_COOKIE else cookie, max_entries=budget // typical + 1
+        d.path,
+        0 if cookie <= DOTDOT_COOKIE else cookie,
+        max_entries=budget // typical + 1,
+        client=True,
     )
     out = bytearray()
     count = 0

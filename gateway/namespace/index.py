@@ -95,8 +95,8 @@ directories listed together are re-listed spread over time."""
 
 
 class DirWatcher(Protocol):
-    """Told of every finished listing, every directory the index drops and every READDIR
-    page asked for (the data prefetcher, ``gateway.data.prefetch``)."""
+    """Told of every finished listing, every directory the index drops and every page a
+    client's READDIR asks for (the data prefetcher, ``gateway.data.prefetch``)."""
 
     def listed(self, store: ObjectStore, key_prefix: str, cols: Columns) -> None: ...
 
@@ -189,9 +189,13 @@ class Namespace:
         (``cookies``); one that does not raises BadCookie."""
         return (await self.readdir_rows(dir_path, cookie, max_entries)).page()
 
-    async def readdir_rows(self, dir_path: str, cookie: int, max_entries: int = 1024) -> Rows:
-        """``readdir``'s page as rows of the directory's columns (``directory.Rows``)."""
-        if self.watcher is not None:
+    async def readdir_rows(
+        self, dir_path: str, cookie: int, max_entries: int = 1024, *, client: bool = False
+    ) -> Rows:
+        """``readdir``'s page as rows of the directory's columns (``directory.Rows``).
+        ``client``: a client's READDIR asked for it (the watcher is told: a client listing
+        goes before data prefetch); not the gateway's own walks (warm-up, handles, rmdir)."""
+        if client and self.watcher is not None:
             self.watcher.browsing()
         if dir_path:
             self._check_not_file(dir_path)

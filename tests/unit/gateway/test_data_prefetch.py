@@ -338,3 +338,16 @@ async def test_a_local_backend_is_not_prefetched(tmp_path: Path) -> None:
             assert (await gw.readdirplus(d)).status == NfsStat3.NFS3_OK
         await asyncio.sleep(0.8)  # past the listing's pause
         assert prefetcher(gw).stats.dirs == 0 and gets(gw.store) == Counter()
+
+
+async def test_the_gateways_own_listings_do_not_pause_it(tmp_path: Path) -> None:
+    """Warm-ups, handle resolution and emptiness checks read pages too (``Namespace.readdir``):
+    only a client's READDIR is a client listing."""
+    files = tree(1, 20)
+    async with gateway(tmp_path, files) as gw:
+        p = prefetcher(gw)
+        p._cfg = p._cfg.__class__(browse_quiet_s=60.0)
+        (export,) = gw.gateway.exports.values()
+        assert (await export.ns.readdir("c0", 0, 10)).entries
+        await settle(gw)  # well within the 60 s a client's READDIR would pause it
+        assert gets(gw.store) == Counter(list(files)) and p.stats.waiting_listing == 0

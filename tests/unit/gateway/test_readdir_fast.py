@@ -321,11 +321,13 @@ async def test_a_top_up_whose_cookie_is_gone_ends_the_reply(
         real = ns.readdir_rows
         calls: list[int] = []
 
-        async def readdir_rows(path: str, cookie: int, max_entries: int = 1024) -> Any:
+        async def readdir_rows(
+            path: str, cookie: int, max_entries: int = 1024, *, client: bool = False
+        ) -> Any:
             calls.append(cookie)
             if len(calls) == 2:
                 raise BadCookie("gone")
-            return await real(path, cookie, min(max_entries, 3))
+            return await real(path, cookie, min(max_entries, 3), client=client)
 
         monkeypatch.setattr(ns, "readdir_rows", readdir_rows)
         dfh = gw.gateway.handle_for(gw.export("/data"), "d")
