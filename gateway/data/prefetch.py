@@ -35,12 +35,13 @@ room there is), or know about NFS.
   (a re-read within the last ``RECENT_OPENS`` opens is the same read: a decoder seeking back
   to the header): the next epoch began while files it never reads kept the pass open, or
   this is no epoch at all (a hot set read over and over), whose files must not stay spent.
-- **Listings first.** While a client lists directories (a READDIR page in the last
-  ``browse_quiet_s``: ImageFolder's scan, ``ls -lR``), nothing new is started: the listing is
-  metadata the client is waiting for, and fetching every file it names at the same time made
-  the gateway list 1.28M entries about 7x slower (local backend). The directories it listed
-  are queued and fetched once it is over, or as soon as a READ shows files being read (the
-  training loop after ImageFolder's scan); a scan by LOOKUP alone does not pause it.
+- **Listings first.** While a client lists directories (a client's READDIR page in the last
+  ``browse_quiet_s``: ImageFolder's scan, ``ls -lR``; the gateway's own walks do not count),
+  nothing new is started: the listing is metadata the client is waiting for, and fetching
+  every file it names at the same time made the gateway list 1.28M entries about 7x slower
+  (local backend). The directories it listed are queued and fetched once it is over, or as
+  soon as a READ shows files being read (the training loop after ImageFolder's scan); a scan
+  by LOOKUP alone does not pause it.
 - **Polite.** At most ``prefetch_concurrency`` objects and ``prefetch_inflight`` bytes at
   once. A backend request retried anywhere in the gateway (503, SlowDown, a connection
   error: ``pressure``) halves the concurrency and pauses the prefetcher (0.5 s, doubling to
@@ -85,6 +86,8 @@ GAUGES_EVERY_S: Final = 0.5
 """The queue gauges (a sum over the queued directories) are refreshed this often."""
 REREAD_MIN: Final = 32
 """Re-reads (besides ``reread_fraction``) that end a pass."""
+STALE_SLACK: Final = 1024
+"""Stale queue entries allowed beyond the live ones before the queue is compacted."""
 RECENT_OPENS: Final = 32
 """Files opened last: a READ at offset 0 of one of them again is the same open (a
 decoder seeking back to the header), not a second read in the pass."""
@@ -258,7 +261,12 @@ class DataPrefetcher:
         if not d.queued and d.cursor < d.cols.n:
             d.queued = True
             self._queued += 1
-            self._queue.append(d)
+            queue = self._queue
+            if len(queue) >= 2 * self._queued + STALE_SLACK:
+                # Stale entries (directories re-listed or dropped while queued) pile up
+                # when the head does not move (no room for hours): drop them, amortised.
+                self._queue = queue = deque(q for q in queue if q.queued)
+            queue.append(d)
             self._wake.set()
 
     def _unqueue(self, d: _Dir) -> None:

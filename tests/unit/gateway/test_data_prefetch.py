@@ -351,3 +351,26 @@ async def test_the_gateways_own_listings_do_not_pause_it(tmp_path: Path) -> None
         assert (await export.ns.readdir("c0", 0, 10)).entries
         await settle(gw)  # well within the 60 s a client's READDIR would pause it
         assert gets(gw.store) == Counter(list(files)) and p.stats.waiting_listing == 0
+
+
+def test_directories_relisted_while_queued_leave_a_bounded_queue() -> None:
+    """The prefetcher never runs here (its head never moves, as when it waits for room for
+    hours) while 10 directories are re-listed 1,000 times each: stale queue entries are
+    compacted away, every live directory stays queued once."""
+
+    async def run() -> None:
+        from gateway.data.prefetch import STALE_SLACK
+
+        p = DataPrefetcher(ObjectReader(DataCache(1 << 20)))
+        store = MemoryStore("s")
+        names = [f"f{i:03d}" for i in range(10)]
+        for _ in range(1000):
+            for d in range(10):
+                cols = Columns(names, bytes(10), [10] * 10, [0] * 10, ["e"] * 10)
+                p.add_dir(store, f"d{d}/", cols)  # new columns: a changed re-list
+                p.add_dir(store, f"d{d}/", cols)  # the same ones: an unchanged re-list
+        assert p.snapshot()["queued_dirs"] == 10
+        assert len(p._queue) <= 2 * 10 + STALE_SLACK
+        assert sorted(q.prefix for q in p._queue if q.queued) == [f"d{d}/" for d in range(10)]
+
+    asyncio.run(run())
