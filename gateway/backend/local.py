@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import contextlib
 import contextvars
 import errno
@@ -46,10 +47,13 @@ import json
 import os
 import shutil
 import stat
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO, Final, TypeVar
 
@@ -70,6 +74,16 @@ HIDDEN_PREFIX: Final = ".nfsgw-"
 META_DIR: Final = ".nfsgw-meta"
 _TMP_PREFIX: Final = ".nfsgw-tmp-"
 _COPY_CHUNK: Final = 1 << 20
+_FIRST = itemgetter(0)
+
+QUIET_NS: Final = 1_000_000_000
+"""A listing's rest is kept for its next page only if its directory had not changed for this
+long: directory mtimes move in clock ticks, so a directory changed within the last tick could
+change again without its mtime moving."""
+CONTINUATION_TTL_S: Final = 30.0
+CONTINUATION_ITEMS_MAX: Final = 100_000
+"""Entries kept in all listings' rests together (~300 B each: ~30 MB at most); a rest larger
+than this is not kept (its next page scans the directory again)."""
 
 
 class InvalidKey(BackendError):
@@ -124,6 +138,7 @@ class LocalStore:
         self._observer = observer
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nfsgw-local")
         self._meta_root = os.path.join(self.root, META_DIR)
+        self._continued = _Continuations()
 
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, True)
@@ -270,40 +285,57 @@ class LocalStore:
         dir_key = dir_key + "/" if dir_key else ""
         # (key or common prefix, its info, a file not stat-ed yet, or None for a prefix)
         items: list[tuple[str, ObjectInfo | os.DirEntry[str] | None]]
+        stamp = None
         if delimiter == "/":
-            items = list(self._one_level(dir_key, name_prefix, skipped))
+            dir_path = self._prefix_dir(dir_key)
+            stamp = _quiet_stamp(dir_path) if dir_path is not None else None
+            rest = self._continued.take(prefix, after, stamp) if after else None
+            if rest is not None:
+                items = rest
+            else:
+                items = self._one_level(dir_key, dir_path, name_prefix, skipped)
+                items.sort(key=_FIRST)  # code-point order == UTF-8 byte order
         else:
             flat = sorted(self._walk(dir_key, name_prefix, skipped), key=lambda o: o.key)
             items = list(_roll_up(flat, prefix, delimiter or None))
-        items.sort(key=lambda it: it[0])  # code-point order == UTF-8 byte order
-        if after:
-            items = [it for it in items if it[0] > after]
+            items.sort(key=_FIRST)
+        if after and items and items[0][0] <= after:
+            items = items[bisect.bisect_right(items, after, key=_FIRST) :]
         page, rest = items[:max_keys], items[max_keys:]
         objects: list[ObjectInfo] = []
+        info_of = self._info
         for k, info in page:
             if isinstance(info, os.DirEntry):
                 # Only the page's files are stat-ed (a 1,000-key page of a 1,281-file
                 # directory: not the other 281, nor the first page's 1,000 again).
                 try:
-                    info = self._info(k, info.stat())
+                    info = info_of(k, info.stat())
                 except FileNotFoundError:  # removed while we looked
                     continue
             if info is not None:
                 objects.append(info)
         prefixes = [k for k, info in page if info is None]
-        next_token = _encode_token(page[-1][0]) if rest else None
+        next_token = None
+        if rest:
+            next_token = _encode_token(page[-1][0])
+            if stamp is not None:
+                self._continued.put(prefix, page[-1][0], stamp, rest)
         return ListPage(objects, prefixes, next_token, skipped[0])
 
-    def _entries(self, dir_path: str, skipped: list[int]) -> Iterator[os.DirEntry[str]]:
+    def _entries(self, dir_path: str, skipped: list[int]) -> list[os.DirEntry[str]]:
+        """The entries of ``dir_path`` a listing may show: not ours, UTF-8, and symlinks
+        only when they resolve inside the root (counted in ``skipped`` otherwise)."""
+        out: list[os.DirEntry[str]] = []
         try:
             it = os.scandir(dir_path)
         except (FileNotFoundError, NotADirectoryError):
-            return
+            return out
         with it:
             for e in it:
-                if e.name.startswith(HIDDEN_PREFIX):
+                name = e.name
+                if name.startswith(HIDDEN_PREFIX):
                     continue
-                if not _is_utf8(e.name):
+                if not name.isascii() and not _is_utf8(name):
                     skipped[0] += 1
                     continue
                 if e.is_symlink():
@@ -312,7 +344,8 @@ class LocalStore:
                     except InvalidKey:
                         skipped[0] += 1
                         continue
-                yield e
+                out.append(e)
+        return out
 
     def _info(self, key: str, st: os.stat_result) -> ObjectInfo:
         size = 0 if stat.S_ISDIR(st.st_mode) else st.st_size
@@ -329,23 +362,28 @@ class LocalStore:
         return self._info(dir_key, st) if stat.S_ISDIR(st.st_mode) else None
 
     def _one_level(
-        self, dir_key: str, name_prefix: str, skipped: list[int]
-    ) -> Iterator[tuple[str, ObjectInfo | os.DirEntry[str] | None]]:
-        dir_path = self._prefix_dir(dir_key)
+        self, dir_key: str, dir_path: str | None, name_prefix: str, skipped: list[int]
+    ) -> list[tuple[str, ObjectInfo | os.DirEntry[str] | None]]:
+        """The directory's marker, subdirectories (as prefixes) and files (not stat-ed yet:
+        only those that make the page are), unsorted. One loop, no generator: this is most
+        of a re-list's CPU (a 1,281-file folder: ~2 ms instead of ~5)."""
+        items: list[tuple[str, ObjectInfo | os.DirEntry[str] | None]] = []
         if dir_path is None:
-            return
+            return items
         if not name_prefix and (m := self._marker(dir_key, dir_path)) is not None:
-            yield dir_key, m
+            items.append((dir_key, m))
         for e in self._entries(dir_path, skipped):
-            if not e.name.startswith(name_prefix):
+            name = e.name
+            if name_prefix and not name.startswith(name_prefix):
                 continue
             try:
                 if e.is_dir():
-                    yield f"{dir_key}{e.name}/", None
+                    items.append((f"{dir_key}{name}/", None))
                 elif e.is_file():
-                    yield f"{dir_key}{e.name}", e  # stat-ed if it makes the page
+                    items.append((f"{dir_key}{name}", e))
             except FileNotFoundError:  # removed while we looked
                 continue
+        return items
 
     def _walk(self, dir_key: str, name_prefix: str, skipped: list[int]) -> Iterator[ObjectInfo]:
         """Every object (files and directory markers) whose key starts with
@@ -636,6 +674,61 @@ class LocalStore:
 
 
 # ------------------------------------------------------------------------------ helpers
+
+
+Stamp = tuple[int, int]
+Rest = list[tuple[str, ObjectInfo | os.DirEntry[str] | None]]
+
+
+def _quiet_stamp(dir_path: str) -> Stamp | None:
+    """(inode, mtime_ns) of a directory unchanged for ``QUIET_NS``, else None."""
+    try:
+        st = os.stat(dir_path)
+    except OSError:
+        return None
+    if time.time_ns() - st.st_mtime_ns < QUIET_NS:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+class _Continuations:
+    """The rest of a one-level listing (its entries past the page, sorted, files not stat-ed),
+    kept for the request that continues it: a directory of 1,281 files is scanned once per
+    listing, not once per 1,000-key page. A rest is used once, only while its directory's
+    stamp is unchanged (no entry added, removed or renamed since), within
+    ``CONTINUATION_TTL_S``; the oldest are dropped past ``CONTINUATION_ITEMS_MAX`` entries. Used
+    from the pool's threads, hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rests: OrderedDict[tuple[str, str], tuple[Stamp, float, Rest]] = OrderedDict()
+        self._items = 0
+
+    def put(self, prefix: str, last_key: str, stamp: Stamp, rest: Rest) -> None:
+        if len(rest) > CONTINUATION_ITEMS_MAX:
+            return
+        with self._lock:
+            old = self._rests.pop((prefix, last_key), None)
+            if old is not None:
+                self._items -= len(old[2])
+            self._rests[(prefix, last_key)] = (stamp, time.monotonic(), rest)
+            self._items += len(rest)
+            while self._items > CONTINUATION_ITEMS_MAX:
+                self._items -= len(self._rests.popitem(last=False)[1][2])
+
+    def take(self, prefix: str, after: str, stamp: Stamp | None) -> Rest | None:
+        with self._lock:
+            hit = self._rests.pop((prefix, after), None)
+            if hit is not None:
+                self._items -= len(hit[2])
+        if hit is None or stamp is None or hit[0] != stamp:
+            return None
+        if time.monotonic() - hit[1] > CONTINUATION_TTL_S:
+            return None
+        return hit[2]
+
+    def __len__(self) -> int:
+        return len(self._rests)
 
 
 def _pread_all(fd: int, n: int, offset: int) -> bytes:

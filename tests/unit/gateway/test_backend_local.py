@@ -254,3 +254,42 @@ def test_parse_s3_url() -> None:
     assert parse_store_url("s3://bucket").prefix == ""
     assert parse_store_url("s3://bucket/").prefix == ""
     assert parse_store_url("s3://bucket/a/b/").prefix == "a/b/"
+
+
+async def test_listing_continues_without_rescanning_a_quiet_directory(
+    local_store: LocalStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 2,500-file directory unchanged for a while is scanned once per listing, not once per
+    page; an entry added or removed between pages is seen as a fresh scan would see it."""
+    d = tmp_path / "export" / "quiet"
+    d.mkdir()
+    for i in range(2500):
+        (d / f"f{i:05d}").write_bytes(b"x" * (i % 7))
+    old = os.stat(d).st_mtime_ns - 10**10
+    os.utime(d, ns=(old, old))
+    scans: list[str] = []
+    entries = local_store._entries
+    monkeypatch.setattr(local_store, "_entries", lambda p, s: scans.append(p) or entries(p, s))
+
+    keys, _, pages, _ = await list_all(local_store, "quiet/")
+    assert pages == 3 and len(scans) == 1
+    assert keys == ["quiet/"] + [f"quiet/f{i:05d}" for i in range(2500)]
+
+    # Changed between pages: the rest is not reused, the next page scans again.
+    scans.clear()
+    first = await local_store.list_page("quiet/", max_keys=1000)
+    (d / "f01500").unlink()
+    (d / "g-new").write_bytes(b"new")
+    token = first.next_token
+    rest: list[str] = []
+    while token is not None:
+        page = await local_store.list_page("quiet/", token=token, max_keys=1000)
+        rest += [o.key for o in page.objects]
+        token = page.next_token
+    assert "quiet/f01500" not in rest and rest[-1] == "quiet/g-new"
+    assert len(scans) >= 2
+
+    # A directory changed within the last second is scanned for every page.
+    scans.clear()
+    keys, _, pages, _ = await list_all(local_store, "quiet/")
+    assert pages == 3 and len(scans) == 3 and len(keys) == 2501
