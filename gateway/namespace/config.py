@@ -34,6 +34,14 @@ class NamespaceConfig:
         ),
     )
     hard_ttl_factor: float = 10.0
+    age_ttl_factor: float = 0.1
+    """A directory of files whose newest file was modified ``age`` ago gets a TTL of at least
+    ``age_ttl_factor`` x ``age`` (within [``attr_ttl_s``, ``attr_ttl_max_s``]): long-unchanged
+    directories are unlikely to change soon (the BSD NFS client's attribute-cache rule)."""
+    background_relists: int = 4
+    """Background re-lists in flight at once per export; a stale directory past this waits
+    for a free slot (served meanwhile, until the hard limit), so re-lists never take every
+    backend thread or connection from the READs."""
     huge_dir_pages: int = 5
     max_list_pages: int = 10_000
     memory_bytes: int = 256 * 2**20

@@ -31,8 +31,10 @@ implemented (``paths``, ``objmeta``, ``entries``, ``columns``, ``cookies``, ``li
   listing *started*, less a random 0-20 % (``JITTER``: directories listed together are
   re-listed spread over time). The TTL starts at ``attr_ttl_s``, doubles each time a re-list
   finds the directory unchanged, up to ``attr_ttl_max_s``, and is back at ``attr_ttl_s``
-  after a change or an invalidate (``immutable``: fresh forever). Past that, the view is
-  served to every caller while one background re-list runs (``current`` callers take the
+  after a change or an invalidate (``immutable``: fresh forever); while unchanged, a directory
+  of files has at least ``age_ttl_factor`` x the age of its newest file (within the same
+  bounds). Past that, the view is served to every caller while one background re-list runs
+  (at most ``background_relists`` per export at once; ``current`` callers take the
   re-list's answer for a name it has passed); past the hard limit, max(``hard_ttl_factor`` x
   ``attr_ttl_s``, 2 x ``attr_ttl_max_s``) after its listing, callers wait for the re-list. A
   failed background re-list keeps the old view and is retried after ``retry_after_error_s``.
@@ -134,6 +136,7 @@ class Namespace:
         self._dir_times: OrderedDict[str, int] = OrderedDict()
         self._verifiers = Verifiers(self._start_ns)
         self._probing: dict[tuple[str, str], asyncio.Task[Entry | None]] = {}
+        self._relisting = 0  # background re-lists in flight
         # Directory attributes from marker metadata, and renamed files (silly renames).
         self.dir_attrs = DirAttrs(cfg.dir_times_max)
         self.moved = Moved(cfg.dir_times_max)
@@ -354,8 +357,27 @@ class Namespace:
         assert d.cols is not None  # a listing that did not raise installed a view
 
     def _background_relist(self, d: Directory) -> None:
-        if d.listing is None and self.clock.monotonic() >= d.retry_at:
-            self._start_listing(d)
+        if (
+            d.listing is None
+            and self._relisting < self.config.background_relists
+            and self.clock.monotonic() >= d.retry_at
+        ):
+            lst = self._start_listing(d)
+            self._relisting += 1
+            assert lst.task is not None
+            lst.task.add_done_callback(self._relisted)
+
+    def _relisted(self, _task: asyncio.Task[None]) -> None:
+        self._relisting -= 1
+
+    def _age_ttl(self, d: Directory) -> float:
+        """``age_ttl_factor`` x the age of the newest file of a directory of files (one with
+        subdirectories: 0, their changes do not show in its mtimes)."""
+        cols = d.cols
+        if cols is None or not cols.n or not cols.allfiles or math.isinf(self._ttl):
+            return 0.0
+        age_s = (self.clock.time_ns() - max(cols.mtimes)) / 1e9
+        return min(self.config.age_ttl_factor * age_s, self._ttl_max)
 
     def _start_listing(self, d: Directory) -> Listing:
         """The directory's listing in flight, started if there is none (single-flight)."""
@@ -417,8 +439,10 @@ class Namespace:
         self._account(nbytes, nentries)
         if changed:
             self._changed(d, bump_time=relist)
-        if relist:  # acdirmin/acdirmax style: unchanged, the next re-list comes later
-            d.ttl = self._ttl if changed else min(2 * d.ttl, self._ttl_max)
+        if relist and changed:
+            d.ttl = self._ttl
+        else:  # acdirmin/acdirmax style: unchanged, the next re-list comes later
+            d.ttl = max(min(2 * d.ttl, self._ttl_max) if relist else d.ttl, self._age_ttl(d))
         d.listed(-math.inf if lst.invalid else lst.started_at, JITTER * self._random.random())
         entries = d.count()
         seconds = time.perf_counter() - lst.t0

@@ -51,7 +51,9 @@ def make(
         d = dir_name(i)
         for j in range(files):
             store.seed(f"{P}{d}/{file_name(d, j)}", b"", mtime_ns=1_650_000_000 * 10**9 + j)
-    config = NamespaceConfig(**{"memory_bytes": 1 << 34, **cfg})  # type: ignore[arg-type]
+    # The seeded files are years old: without age_ttl_factor=0 every TTL would start at the
+    # maximum (the age rule has its own tests below).
+    config = NamespaceConfig(**{"memory_bytes": 1 << 34, "age_ttl_factor": 0.0, **cfg})  # type: ignore[arg-type]
     ns = Namespace(store, P, clock=clock, config=config)
     ns._random.seed(11)
     return store, ns, clock
@@ -95,7 +97,7 @@ def counter(monkeypatch: pytest.MonkeyPatch) -> Iterator[EntryCounter]:
 
 
 async def test_unchanged_relists_keep_columns_and_build_no_entry(counter: EntryCounter) -> None:
-    store, ns, clock = make()
+    store, ns, clock = make(background_relists=DIRS)
     await list_everything(ns)
     dirs = [ns._dirs[dir_name(i)] for i in range(DIRS)]
     before = [(d.cols, d.cookies.col if d.cookies else None) for d in dirs]
@@ -156,7 +158,7 @@ async def test_a_relist_builds_only_from_the_first_difference() -> None:
 
 
 async def test_relists_are_spread_over_time() -> None:
-    _store, ns, clock = make(files=10)
+    _store, ns, clock = make(files=10, background_relists=DIRS)
     await list_everything(ns)
     t0 = clock.monotonic()
     dirs = [ns._dirs[dir_name(i)] for i in range(DIRS)]
@@ -209,6 +211,74 @@ async def test_ttl_grows_while_unchanged_and_resets_on_change() -> None:
     assert dd.ttl == 20.0
     ns.invalidate(d)
     assert dd.ttl == 10.0
+
+
+async def test_ttl_starts_from_the_age_of_the_newest_file() -> None:
+    """A directory of files last modified long ago starts at age / 10 (within the bounds);
+    one written recently, or one with subdirectories, at attr_ttl_s; a change still resets
+    the TTL to attr_ttl_s, whatever the age of the files."""
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    now = clock.time_ns()
+    for d, age_s in (("old", 86_400), ("week", 7 * 86_400), ("mid", 1_000), ("new", 5)):
+        for j in range(3):
+            store.seed(f"{P}{d}/f{j}", b"x", mtime_ns=now - age_s * 10**9 - j)
+    store.seed(f"{P}tree/sub/f", b"x", mtime_ns=now - 86_400 * 10**9)
+    store.seed(f"{P}tree/f", b"x", mtime_ns=now - 86_400 * 10**9)
+    cfg = NamespaceConfig(attr_ttl_s=60.0, attr_ttl_max_s=600.0)
+    ns = Namespace(store, P, clock=clock, config=cfg)
+    for d in ("old", "week", "mid", "new", "tree"):
+        await ns.lookup(d, "f" if d == "tree" else "f0")
+    ttl = {d: ns._dirs[d].ttl for d in ("old", "week", "mid", "new", "tree")}
+    assert ttl == {"old": 600.0, "week": 600.0, "mid": 100.0, "new": 60.0, "tree": 60.0}
+    # Unchanged re-list of "mid": doubling and the age rule, whichever is longer.
+    clock.advance(100.01)
+    await ns.lookup("mid", "f0")
+    await ns.quiesce()
+    assert ns._dirs["mid"].ttl == 200.0
+    # A removal (the newest file is still old) resets "old" to attr_ttl_s all the same, and
+    # the change is seen within the TTL it had.
+    store.unseed(f"{P}old/f1")
+    clock.advance(600.01)
+    await ns.lookup("old", "f0")
+    await ns.quiesce()
+    with pytest.raises(NotFound):
+        await ns.lookup("old", "f1")
+    assert ns._dirs["old"].ttl == 60.0
+
+
+async def test_background_relists_are_bounded() -> None:
+    """Past the TTL, at most ``background_relists`` re-lists run at once (the others wait for
+    a slot, served from their views); past the hard limit a caller's re-list is not held."""
+    store, ns, clock = make(dirs=10, files=5, background_relists=2)
+    await list_everything(ns, 10)
+    clock.advance(61.0)
+    gate = asyncio.Event()
+    real = store.list_page
+
+    async def slow(*a: object, **kw: object) -> ListPage:
+        await gate.wait()
+        return await real(*a, **kw)  # type: ignore[arg-type]
+
+    store.list_page = slow  # type: ignore[method-assign]
+    for i in range(10):
+        e = await ns.lookup(dir_name(i), file_name(dir_name(i), 0))  # stale: served at once
+        assert e.kind is EntryKind.FILE
+    assert ns.stats.relists == 2 and sum(d.listing is not None for d in ns._dirs.values()) == 2
+    gate.set()
+    await ns.quiesce()
+    for i in range(10):
+        await ns.lookup(dir_name(i), file_name(dir_name(i), 0))
+    await ns.quiesce()
+    assert ns.stats.relists == 4  # two more, now that the slots are free
+    # Past the hard limit the caller waits for its own re-list, slots or not.
+    gate.clear()
+    clock.advance(10 * 60.0 + 1)
+    waiting = asyncio.ensure_future(ns.lookup(dir_name(0), file_name(dir_name(0), 1)))
+    await asyncio.sleep(0)
+    assert not waiting.done() and ns._dirs[dir_name(0)].listing is not None
+    gate.set()
+    assert (await waiting).kind is EntryKind.FILE
 
 
 async def test_no_growth_with_attr_ttl_max_zero() -> None:
