@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from gateway.settings import boolean, seconds, setting
+from gateway.settings import boolean, int_in, seconds, setting
 
 TTL_MAX_FACTOR: Final = 5.0
 """``attr_ttl_max_s`` when unset: 5 x ``attr_ttl_s`` (300 s at the default 60 s). At ImageNet
@@ -38,6 +38,17 @@ class NamespaceConfig:
     """A directory of files whose newest file was modified ``age`` ago gets a TTL of at least
     ``age_ttl_factor`` x ``age`` (within [``attr_ttl_s``, ``attr_ttl_max_s``]): long-unchanged
     directories are unlikely to change soon (the BSD NFS client's attribute-cache rule)."""
+    list_ahead: int = field(
+        default=8,
+        metadata=setting(
+            int_in(0, 64),
+            "a client reading a folder from the top: list this many of the next never-listed "
+            "sibling folders in the background (0: off; file:// exports: always off)",
+            flag="--list-ahead",
+        ),
+    )
+    """``ls -R``, ``du`` and ImageFolder's scan read sibling folders in order: the next
+    folders' LIST pages then overlap this one's READDIRs. At most this many in flight."""
     background_relists: int = 4
     """Background re-lists in flight at once per export; a stale directory past this waits
     for a free slot (served meanwhile, until the hard limit), so re-lists never take every

@@ -73,7 +73,7 @@ import structlog
 from gateway.backend.base import BackendError, ListPage, ObjectInfo, ObjectStore
 from gateway.clock import Clock
 from gateway.errors import NameTooLong, NotDirectory, NotFound, StaleHandle, from_backend
-from gateway.namespace.columns import Columns
+from gateway.namespace.columns import KIND_DIR, Columns
 from gateway.namespace.config import NamespaceConfig
 from gateway.namespace.cookies import Verifiers
 from gateway.namespace.dirattrs import DirAttrs
@@ -94,6 +94,9 @@ log = structlog.get_logger(__name__)
 JITTER: Final = 0.2
 """A view's freshness ends up to this fraction of its TTL early (never late), at random, so
 directories listed together are re-listed spread over time."""
+
+
+_DIR_KIND: Final = bytes([KIND_DIR])
 
 
 class DirWatcher(Protocol):
@@ -137,6 +140,7 @@ class Namespace:
         self._verifiers = Verifiers(self._start_ns)
         self._probing: dict[tuple[str, str], asyncio.Task[Entry | None]] = {}
         self._relisting = 0  # background re-lists in flight
+        self._ahead = 0  # listings ahead of a client's READDIRs in flight
         # Directory attributes from marker metadata, and renamed files (silly renames).
         self.dir_attrs = DirAttrs(cfg.dir_times_max)
         self.moved = Moved(cfg.dir_times_max)
@@ -206,6 +210,8 @@ class Namespace:
         await self._view(d)
         if not d.exists:
             await self._raise_dir_missing(dir_path)
+        if client and cookie == 0:
+            self._list_ahead(dir_path)
         try:
             return d.rows(cookie, max_entries, self.config.removed_cookies_per_dir, self._dir_entry)
         finally:
@@ -369,6 +375,38 @@ class Namespace:
 
     def _relisted(self, _task: asyncio.Task[None]) -> None:
         self._relisting -= 1
+
+    def _list_ahead(self, path: str) -> None:
+        """A client reads ``path`` from the top: list those of the next ``list_ahead``
+        subdirectories of its parent never listed (at most ``list_ahead`` in flight), while the
+        index holds less than half its budget."""
+        limit = self.config.list_ahead
+        if not path or self._ahead >= limit or self.stats.bytes > self.config.memory_bytes // 2:
+            return
+        parent, _, name = path.rpartition("/")
+        pd = self._dirs.get(parent)
+        if pd is None or pd.cols is None:
+            return
+        cols = pd.cols
+        r = cols.after(name)
+        for _ in range(limit):  # the next ``limit`` subdirectories, listed or not
+            r = cols.kinds.find(_DIR_KIND, r)  # at C speed
+            if r < 0:
+                return
+            sub = join_path(parent, cols.name(r))
+            r += 1
+            if sub in self._dirs:
+                continue
+            if self._ahead >= limit:
+                return
+            lst = self._start_listing(self._dir(sub))
+            self.stats.listed_ahead += 1
+            self._ahead += 1
+            assert lst.task is not None
+            lst.task.add_done_callback(self._listed_ahead)
+
+    def _listed_ahead(self, _task: asyncio.Task[None]) -> None:
+        self._ahead -= 1
 
     def _age_ttl(self, d: Directory) -> float:
         """``age_ttl_factor`` x the age of the newest file of a directory of files (one with

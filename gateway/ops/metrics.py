@@ -422,6 +422,10 @@ METRICS: tuple[MetricDef, ...] = (
     _M("nfsgw_metadata_prefetches_total", COUNTER,
        "Whole-directory listings started (first touch, or a re-list after the TTL)", ("kind",),
        PerLabel("namespace", (("first", "prefetches"), ("relist", "relists")))),
+    _M("nfsgw_metadata_listed_ahead_total", COUNTER,
+       "First listings started ahead of a client reading sibling directories in order "
+       "(included in nfsgw_metadata_prefetches_total{kind=\"first\"})", (),
+       _F("namespace", "listed_ahead")),
     _M("nfsgw_metadata_list_pages_total", COUNTER, "LIST pages ingested", (),
        _F("namespace", "list_pages")),
     _M("nfsgw_metadata_targeted_lookups_total", COUNTER,

@@ -549,3 +549,44 @@ async def test_local_backend_etags_relist_unchanged(tmp_path: Path) -> None:
     finally:
         await ns.close()
         await store.close()
+
+
+async def test_a_client_reading_folders_in_order_has_the_next_ones_listed_ahead() -> None:
+    """READDIR of a folder from the top (a client's) lists the next ``list_ahead`` sibling
+    folders never listed, in the background: a client walking the tree in order (ls -R,
+    ImageFolder) finds each folder listed or being listed. Not for a READDIR that resumes at a
+    cookie, not for the gateway's own walks, not with list_ahead = 0."""
+    store, ns, _clock = make(dirs=6, files=3, list_ahead=2)
+    await ns.readdir_rows("", 0, client=True)  # the root: no parent to read ahead in
+    assert ns.stats.listed_ahead == 0
+    lists = store.requests["list"]
+    await ns.readdir_rows(dir_name(0), 0, client=True)
+    assert ns.stats.listed_ahead == 2
+    await ns.quiesce()
+    assert store.requests["list"] - lists == 3
+    assert all(ns._dirs[dir_name(i)].cols is not None for i in (1, 2))
+    await ns.readdir_rows(dir_name(1), 0, client=True)  # already listed: only 3 is started
+    await ns.quiesce()
+    assert ns.stats.listed_ahead == 3 and store.requests["list"] - lists == 4
+    await ns.readdir_rows(dir_name(3), 1, client=True)  # resumes at a cookie: nothing
+    await ns.readdir_rows(dir_name(3), 0)  # the gateway's own walk: nothing
+    await ns.quiesce()
+    assert ns.stats.listed_ahead == 3 and dir_name(4) not in ns._dirs
+    await ns.readdir_rows(dir_name(5), 0, client=True)  # the last folder: none after it
+    assert ns.stats.listed_ahead == 3
+
+    store, ns, _clock = make(dirs=4, files=3, list_ahead=0)
+    await ns.readdir_rows("", 0, client=True)
+    await ns.readdir_rows(dir_name(0), 0, client=True)
+    assert ns.stats.listed_ahead == 0 and dir_name(1) not in ns._dirs
+
+
+def test_file_exports_never_list_ahead() -> None:
+    from gateway.exports import ExportConfig
+    from gateway.ops.config import CacheConfig
+
+    cache = CacheConfig()
+    s3 = ExportConfig(path="/a", backend="s3://bucket/prefix/")
+    local = ExportConfig(path="/b", backend="file:///srv/data")
+    assert cache.namespace_for(s3, 2).list_ahead == 8
+    assert cache.namespace_for(local, 2).list_ahead == 0
