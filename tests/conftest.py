@@ -67,13 +67,15 @@ async def counting_proxy(seaweed: SeaweedServer) -> AsyncIterator[DelayProxy]:
         yield proxy
 
 
-@pytest.fixture
-async def local_store(tmp_path: Path) -> AsyncIterator[LocalStore]:
+@pytest.fixture(params=[False, True], ids=["threads", "lister"])
+async def local_store(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[LocalStore]:
+    """A ``LocalStore`` listing in its threads, and one listing in a lister process (what
+    ``open_store`` builds for ``file://`` exports)."""
     from gateway.backend.local import LocalStore
 
     root = tmp_path / "export"
     root.mkdir()
-    store = LocalStore(root)
+    store = LocalStore(root, list_process=request.param)
     try:
         yield store
     finally:

@@ -86,7 +86,7 @@ def open_store(
     if u.scheme == "file":
         from gateway.backend.local import LocalStore
 
-        local_kw: dict[str, Any] = {"observer": observer, "name": url}
+        local_kw: dict[str, Any] = {"observer": observer, "name": url, "list_process": True}
         if workers is not None:
             local_kw["workers"] = workers
         local_kw["create"] = create if create is not None else q.get("create", "") in _TRUE

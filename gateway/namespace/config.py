@@ -43,7 +43,7 @@ class NamespaceConfig:
         metadata=setting(
             int_in(0, 64),
             "a client reading a folder from the top: list this many of the next never-listed "
-            "sibling folders in the background (0: off; file:// exports: always off)",
+            "sibling folders in the background (0: off)",
             flag="--list-ahead",
         ),
     )

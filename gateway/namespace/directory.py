@@ -93,6 +93,7 @@ class Directory:
         "removes",
         "retry_at",
         "ttl",
+        "unannounced",
         "verf",
     )
 
@@ -119,6 +120,7 @@ class Directory:
         # name -> (entry or None for absent, monotonic expiry) from targeted lookups
         self.probes: dict[str, tuple[Entry | None, float]] = {}
         self.retry_at = -math.inf
+        self.unannounced = False  # listed ahead of any client: the watcher is told on first use
 
     def freshness(self, now: float, hard_ttl: float) -> Fresh:
         """ "fresh" until ``fresh_until``; then "stale" (served while re-listed) until

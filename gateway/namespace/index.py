@@ -311,12 +311,15 @@ class Namespace:
     async def quiesce(self) -> None:
         """Wait for every listing and targeted lookup in flight (tests, shutdown)."""
         while True:
+            # (a listing cancelled before it ran never cleared ``d.listing``: done, not waited)
             tasks: list[asyncio.Task[object]] = [
                 d.listing.task
                 for d in self._dirs.values()
-                if d.listing is not None and d.listing.task is not None
+                if d.listing is not None
+                and d.listing.task is not None
+                and not d.listing.task.done()
             ]
-            tasks += list(self._probing.values())
+            tasks += [t for t in self._probing.values() if not t.done()]
             if not tasks:
                 return
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -350,6 +353,8 @@ class Namespace:
 
     async def _view(self, d: Directory) -> None:
         """Until the directory has a complete (or partial-mode) view, listing if needed."""
+        if d.unannounced:
+            self._announce(d)
         state = self._freshness(d)
         if state == "stale":
             self._background_relist(d)
@@ -361,6 +366,12 @@ class Namespace:
             if not lst.invalid:  # else it predates an invalidate(): list again
                 break
         assert d.cols is not None  # a listing that did not raise installed a view
+
+    def _announce(self, d: Directory) -> None:
+        """A directory listed ahead is used: now the watcher (data prefetch) hears of it."""
+        d.unannounced = False
+        if self.watcher is not None and d.cols is not None:
+            self.watcher.listed(self.store, d.key_prefix, d.cols)
 
     def _background_relist(self, d: Directory) -> None:
         if (
@@ -400,6 +411,7 @@ class Namespace:
             if self._ahead >= limit:
                 return
             lst = self._start_listing(self._dir(sub))
+            lst.ahead = True
             self.stats.listed_ahead += 1
             self._ahead += 1
             assert lst.task is not None
@@ -499,7 +511,10 @@ class Namespace:
             self.stats.truncated_dirs += 1
             log.warning("dir_truncated", dir=d.path, pages=lst.pages, entries=entries)
         if self.watcher is not None and d.cols is not None:
-            self.watcher.listed(self.store, d.key_prefix, d.cols)
+            if lst.ahead and not relist:  # no client asked yet: told on first use (_view)
+                d.unannounced = True
+            else:
+                self.watcher.listed(self.store, d.key_prefix, d.cols)
         self._evict()
 
     # -- lookups -------------------------------------------------------------------------------
@@ -509,6 +524,8 @@ class Namespace:
         ``getattr``)."""
         if not self.config.prefetch:
             return await self._probe(d, name)
+        if d.unannounced:
+            self._announce(d)
         waited = False
         while True:
             state = self._freshness(d)

@@ -207,6 +207,7 @@ class Listing:
         "matched",
         "nmatched",
         "overrides",
+        "ahead",
         "page_fut",
         "pages",
         "pos",
@@ -231,6 +232,7 @@ class Listing:
         self.marker_seen = False
         self.invalid = False  # predates an invalidate(): its result is served expired
         self.relist = base is not None
+        self.ahead = False  # started ahead of a client (``Namespace._list_ahead``)
         self.started_at = started_at
         self.t0 = time.perf_counter()
         self.task: asyncio.Task[None] | None = None

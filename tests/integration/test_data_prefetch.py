@@ -458,7 +458,8 @@ def test_off_restores_todays_request_counts(
         ExportConfig("/data", f"s3://{bucket}/{PREFIX}", data_prefetch=where == "global", **RO),
         ExportConfig("/on", f"s3://{bucket}/{PREFIX}c3/", **RO),
     ]
-    settings: dict[str, Any] = {"cache_data_prefetch": where == "export"}
+    # list_ahead 0: the scan's last folders would have their siblings (c3, eq) listed too
+    settings: dict[str, Any] = {"cache_data_prefetch": where == "export", "cache_list_ahead": 0}
     with (
         gateway(tmp_path, seaweed, proxy, bucket, exports, **settings) as gw,
         LibNfs(gw.libnfs_url("/data")) as nfs,

@@ -150,6 +150,9 @@ def gw(
         s3=s3,
         wrap_store=wrap,
         cache_memory=512 * MiB,
+        # These tests count every request and keep the big directories cold: no folder is
+        # listed ahead of the client here (test_folders_read_in_order_are_listed_ahead).
+        cache_list_ahead=0,
     )
     with g:
         yield g
@@ -179,6 +182,31 @@ def _listing(nfs: LibNfs, rel_dir: str) -> dict[str, Expected]:
 
 
 # --------------------------------------------------------------------------- listings
+
+
+def test_folders_read_in_order_are_listed_ahead(
+    tmp_path: Path, seaweed: SeaweedServer, bucket: str, dataset: Dataset
+) -> None:
+    """``ls -R``'s order with the default ``list_ahead``: each folder read from the top has
+    the next ones listed in the background; every listing is still exactly the source tree,
+    every directory is listed once (no LIST twice, no HEAD, no GET)."""
+    injected = [dataset.prefix + k for k in dataset.unstorable]
+    g = GatewayThread(
+        [_export(bucket, dataset, attr_ttl_s=3600.0)],
+        state_dir=tmp_path / "state",
+        s3=seaweed.store_kwargs(),
+        wrap_store=lambda _ec, store: SpyStore(store, injected),
+        cache_memory=64 * MiB,
+    )
+    with g, LibNfs(g.libnfs_url("/data")) as client:
+        top = sorted(e.name for e in client.scandir("/") if e.type == NF3DIR)
+        for d in top:
+            assert _listing(client, d) == dataset.expected_dir(d), d
+        st = g.stats(lambda _s: g.export().ns.stats)
+        cost = g.backend_counts()
+    assert st["listed_ahead"] >= len(top) // 2, st
+    assert st["prefetches"] <= len(dataset.dirs()) and st["relists"] == 0, st
+    assert set(cost) <= {"list"}, cost
 
 
 def test_listings_equal_the_source_tree(gw: GatewayThread, nfs: LibNfs, dataset: Dataset) -> None:
@@ -446,6 +474,7 @@ def ttl_gw(
         s3=seaweed.store_kwargs(),
         clock=clock,
         cache_memory=64 * MiB,
+        cache_list_ahead=0,
     )
     with g:
         yield g, clock

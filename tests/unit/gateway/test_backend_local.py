@@ -267,6 +267,7 @@ async def test_listing_continues_without_rescanning_a_quiet_directory(
         (d / f"f{i:05d}").write_bytes(b"x" * (i % 7))
     old = os.stat(d).st_mtime_ns - 10**10
     os.utime(d, ns=(old, old))
+    local_store._list_process = False  # the scans are counted in this process
     scans: list[str] = []
     entries = local_store._entries
     monkeypatch.setattr(local_store, "_entries", lambda p, s: scans.append(p) or entries(p, s))
@@ -293,3 +294,27 @@ async def test_listing_continues_without_rescanning_a_quiet_directory(
     scans.clear()
     keys, _, pages, _ = await list_all(local_store, "quiet/")
     assert pages == 3 and len(scans) == 3 and len(keys) == 2501
+
+
+async def test_the_lister_process_is_restarted_after_it_dies(tmp_path: Path) -> None:
+    """A lister process killed behind the store's back fails one listing with a
+    BackendError (the index retries it), and the next listing starts a new one."""
+    root = tmp_path / "export"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_bytes(b"x")
+    store = LocalStore(root, list_process=True)
+    try:
+        assert [o.key for o in (await store.list_page("d/")).objects] == ["d/", "d/f"]
+        assert store._lister is not None
+        for pid in list(store._lister._processes):  # type: ignore[attr-defined]
+            os.kill(pid, 9)
+        with pytest.raises(BackendError):
+            for _ in range(50):  # until the executor notices
+                await store.list_page("d/")
+                await asyncio.sleep(0.05)
+        assert [o.key for o in (await store.list_page("d/")).objects] == ["d/", "d/f"]
+        assert (await store.list_page("nope/")).objects == []
+        with pytest.raises(BackendError):  # a bad token, decoded before the process is asked
+            await store.list_page("d/", token="!!not-a-token")
+    finally:
+        await store.close()

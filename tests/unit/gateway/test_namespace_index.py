@@ -579,14 +579,3 @@ async def test_a_client_reading_folders_in_order_has_the_next_ones_listed_ahead(
     await ns.readdir_rows("", 0, client=True)
     await ns.readdir_rows(dir_name(0), 0, client=True)
     assert ns.stats.listed_ahead == 0 and dir_name(1) not in ns._dirs
-
-
-def test_file_exports_never_list_ahead() -> None:
-    from gateway.exports import ExportConfig
-    from gateway.ops.config import CacheConfig
-
-    cache = CacheConfig()
-    s3 = ExportConfig(path="/a", backend="s3://bucket/prefix/")
-    local = ExportConfig(path="/b", backend="file:///srv/data")
-    assert cache.namespace_for(s3, 2).list_ahead == 8
-    assert cache.namespace_for(local, 2).list_ahead == 0
