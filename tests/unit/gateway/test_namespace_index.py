@@ -579,3 +579,36 @@ async def test_a_client_reading_folders_in_order_has_the_next_ones_listed_ahead(
     await ns.readdir_rows("", 0, client=True)
     await ns.readdir_rows(dir_name(0), 0, client=True)
     assert ns.stats.listed_ahead == 0 and dir_name(1) not in ns._dirs
+
+
+async def test_folders_listed_ahead_reach_the_watcher_on_first_use() -> None:
+    """The data prefetcher hears of a folder listed ahead only once a client uses it: an
+    ``ls`` of one folder does not make it fetch the files of the next eight."""
+
+    class Watcher:
+        def __init__(self) -> None:
+            self.listed_dirs: list[str] = []
+
+        def listed(self, store: object, key_prefix: str, cols: Columns) -> None:
+            self.listed_dirs.append(key_prefix)
+
+        def dropped(self, store: object, key_prefix: str) -> None:
+            pass
+
+        def browsing(self) -> None:
+            pass
+
+    _store, ns, _clock = make(dirs=4, files=3, list_ahead=2)
+    w = Watcher()
+    ns.watcher = w  # type: ignore[assignment]
+    await ns.readdir_rows("", 0, client=True)
+    await ns.readdir_rows(dir_name(0), 0, client=True)
+    await ns.quiesce()
+    assert ns.stats.listed_ahead == 2
+    assert w.listed_dirs == [P, f"{P}{dir_name(0)}/"]
+    await ns.lookup(dir_name(2), file_name(dir_name(2), 1))  # first use of a folder listed ahead
+    assert w.listed_dirs[-1] == f"{P}{dir_name(2)}/" and len(w.listed_dirs) == 3
+    await ns.lookup(dir_name(2), file_name(dir_name(2), 2))  # told once
+    await ns.readdir_rows(dir_name(1), 0, client=True)
+    await ns.quiesce()
+    assert w.listed_dirs[3:] == [f"{P}{dir_name(1)}/"]
