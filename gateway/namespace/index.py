@@ -353,8 +353,7 @@ class Namespace:
 
     async def _view(self, d: Directory) -> None:
         """Until the directory has a complete (or partial-mode) view, listing if needed."""
-        if d.unannounced:
-            self._announce(d)
+        self._used(d)
         state = self._freshness(d)
         if state == "stale":
             self._background_relist(d)
@@ -367,11 +366,15 @@ class Namespace:
                 break
         assert d.cols is not None  # a listing that did not raise installed a view
 
-    def _announce(self, d: Directory) -> None:
-        """A directory listed ahead is used: now the watcher (data prefetch) hears of it."""
-        d.unannounced = False
-        if self.watcher is not None and d.cols is not None:
-            self.watcher.listed(self.store, d.key_prefix, d.cols)
+    def _used(self, d: Directory) -> None:
+        """A caller uses ``d``: if it was listed ahead of the clients, the watcher (data
+        prefetch) hears of it now, or when its listing ends."""
+        if d.listing is not None:
+            d.listing.ahead = False
+        if d.unannounced:
+            d.unannounced = False
+            if self.watcher is not None and d.cols is not None:
+                self.watcher.listed(self.store, d.key_prefix, d.cols)
 
     def _background_relist(self, d: Directory) -> None:
         if (
@@ -524,8 +527,7 @@ class Namespace:
         ``getattr``)."""
         if not self.config.prefetch:
             return await self._probe(d, name)
-        if d.unannounced:
-            self._announce(d)
+        self._used(d)
         waited = False
         while True:
             state = self._freshness(d)
