@@ -1,11 +1,11 @@
 """Listing ahead (issue 11): an ImageFolder-like scan of a tree on a slow S3, with the gateway
 listing the next sibling folders while the client reads one (``--list-ahead``) and without.
 
-    .venv/bin/python benchmarks/list_ahead.py [--folders 300] [--per-folder 100]
-        [--latency-ms 20] [--ahead 0,2,4] [--runs 2] [--out DIR]
+    .venv/bin/python benchmarks/list_ahead.py [--folders 300] [--size 2048]
+        [--latency-ms 20] [--ahead 0,2,4,8] [--runs 2] [--out DIR]
 
 Set-up (the pieces of benchmarks/data_prefetch.py): a throw-away SeaweedFS holding
-``--folders`` x ``--per-folder`` small objects (``loadgen.dataset``, 1-4 KiB each), the delay
+``--folders`` x 100 small objects (``upload_tree``: lognormal sizes of mean ``--size``), the delay
 proxy adding ``--latency-ms`` to every request and counting them, and for each ``--ahead``
 value a fresh ``nfsgw serve --list-ahead N`` (read-only, defaults otherwise: not immutable)
 whose S3 endpoint is the proxy. The same ``--runs`` times each, alternating the
@@ -24,7 +24,6 @@ Must not: import the gateway or leave a process running.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shutil
 import sys
@@ -37,45 +36,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from data_prefetch import BUCKET, PREFIX, Account, ProxyProcess, git_state, log  # noqa: E402
+from data_prefetch import (  # noqa: E402
+    BUCKET,
+    PER_CLASS,
+    PREFIX,
+    Account,
+    ProxyProcess,
+    git_state,
+    log,
+    upload_tree,
+)
 
-from loadgen.dataset import DatasetSpec, Manifest, make_dataset  # noqa: E402
+from loadgen.dataset import Manifest  # noqa: E402
 from loadgen.gwprocess import GatewayProcess  # noqa: E402
 from loadgen.seaweed import SeaweedServer  # noqa: E402
 from tests.libnfs import LibNfs  # noqa: E402
 
 OUT = Path("/var/tmp/nfsgw-list-ahead")
-
-
-def upload(sw: SeaweedServer, folders: int, per_folder: int, work: Path) -> Manifest:
-    spec = DatasetSpec(
-        classes=folders,
-        per_class_min=per_folder,
-        per_class_max=per_folder,
-        mean_size=2048,
-        sd_size=512,
-        min_size=1024,
-        max_size=4096,
-    )
-    sw.create_bucket(BUCKET)
-    t0 = time.monotonic()
-
-    manifest = asyncio.run(
-        make_dataset(
-            spec,
-            s3_url=f"s3://{BUCKET}/{PREFIX}",
-            s3_endpoint_url=sw.endpoint_url,
-            access_key=sw.access_key,
-            secret_key=sw.secret_key,
-            manifest_path=work / "manifest.tsv",
-            progress=False,
-        )
-    )
-    log(
-        f"dataset: {len(manifest.entries):,} objects in {len(manifest.classes)} folders, "
-        f"uploaded in {time.monotonic() - t0:.1f} s"
-    )
-    return manifest
 
 
 def scan(nfs: LibNfs, manifest: Manifest) -> float:
@@ -102,7 +79,7 @@ def run(a: argparse.Namespace) -> int:
         sw = SeaweedServer().start()
         proxy: ProxyProcess | None = None
         try:
-            manifest = upload(sw, a.folders, a.per_folder, work)
+            manifest = upload_tree(sw, BUCKET, a.folders * PER_CLASS, a.size, work)
             proxy = ProxyProcess(sw.endpoint_url, a.latency_ms, a.out / "proxy.log")
             log(f"delay proxy {proxy.endpoint_url} -> {sw.endpoint_url}, +{a.latency_ms:g} ms")
             for r in range(a.runs):
@@ -158,9 +135,9 @@ def run(a: argparse.Namespace) -> int:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--folders", type=int, default=300)
-    p.add_argument("--per-folder", type=int, default=100)
+    p.add_argument("--size", type=int, default=2048, help="mean object size, bytes")
     p.add_argument("--latency-ms", type=float, default=20.0)
-    p.add_argument("--ahead", default="0,2,4", help="--list-ahead values, the first the base")
+    p.add_argument("--ahead", default="0,2,4,8", help="--list-ahead values, the first the base")
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--out", type=Path, default=OUT)
     return p.parse_args(argv)

@@ -303,9 +303,9 @@ class LocalStore:
         lister = self._lister
         call = functools.partial(_child_list, self.root, prefix, after, max_keys)
         try:
-            rows, prefixes, token, skipped = await asyncio.get_running_loop().run_in_executor(
-                lister, call
-            )
+            # submitted from a thread: the first submit spawns the process (~10 ms)
+            fut = await asyncio.to_thread(lister.submit, call)
+            rows, prefixes, token, skipped = await asyncio.wrap_future(fut)
         except BrokenProcessPool:
             if self._lister is lister:  # the next listing starts a new one
                 self._lister = None
@@ -401,8 +401,8 @@ class LocalStore:
         self, dir_key: str, dir_path: str | None, name_prefix: str, skipped: list[int]
     ) -> list[tuple[str, ObjectInfo | os.DirEntry[str] | None]]:
         """The directory's marker, subdirectories (as prefixes) and files (not stat-ed yet:
-        only those that make the page are), unsorted. One loop, no generator: this is most
-        of a re-list's CPU (a 1,281-file folder: ~2 ms instead of ~5)."""
+        only those that make the page are), unsorted; one loop, no generator (this runs for
+        every entry of every re-list)."""
         items: list[tuple[str, ObjectInfo | os.DirEntry[str] | None]] = []
         if dir_path is None:
             return items
@@ -782,9 +782,6 @@ class _Continuations:
         if time.monotonic() - hit[1] > CONTINUATION_TTL_S:
             return None
         return hit[2]
-
-    def __len__(self) -> int:
-        return len(self._rests)
 
 
 def _pread_all(fd: int, n: int, offset: int) -> bytes:

@@ -299,7 +299,6 @@ class CacheConfig:
             attr_ttl_s=export.attr_ttl_s,
             immutable=export.immutable,
             memory_bytes=max(1 * MiB, self.metadata_memory // max(1, exports)),
-            list_ahead=self.namespace.list_ahead,
         )
 
 
