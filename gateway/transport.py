@@ -15,7 +15,7 @@ import asyncio
 import collections
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, Protocol, cast
 
 import structlog
 
@@ -35,6 +35,16 @@ class Peer:
 
 # record -> reply buffers (None: send nothing)
 CallHandler = Callable[[Buffer, Peer], Awaitable[list[Buffer] | None]]
+
+
+class FastCalls(Protocol):
+    """Answers some records synchronously in the receive callback (``gateway.fastpath``):
+    the buffers of one complete reply record, or None (the record takes the ordinary path).
+    ``session`` is called once per connection; what it returns is passed to ``answer``."""
+
+    def session(self, peer: Peer) -> Any: ...
+
+    def answer(self, record: Buffer, session: Any) -> list[Buffer] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +94,11 @@ class RpcConnection(asyncio.Protocol):
         limits: TransportLimits,
         stats: ConnectionStats,
         connections: set[RpcConnection],
+        fast: FastCalls | None = None,
     ) -> None:
         self._handler = handler
+        self._fast = fast
+        self._session: Any = None
         self._limits = limits
         self._stats = stats
         self._connections = connections
@@ -117,6 +130,8 @@ class RpcConnection(asyncio.Protocol):
             self.peer = Peer(str(pn[0]), int(pn[1]), int(sn[1]))
         else:  # a Unix socket: the link from another worker (gateway.forward)
             self.peer = Peer("local", 0, 0)
+        if self._fast is not None:
+            self._session = self._fast.session(self.peer)
         self._connections.add(self)
         self._stats.open += 1
         self._stats.opened += 1
@@ -155,9 +170,34 @@ class RpcConnection(asyncio.Protocol):
             log.warning("record_rejected", client=self.peer.host, error=str(e))
             self.abort()
             return
-        self._queue.extend(records)
-        self._start_queued()
+        if self._fast is not None and records and self._can_write.is_set():
+            records = self._answer_fast(records)
+        if records:
+            self._queue.extend(records)
+            self._start_queued()
         self._arm_stall_timer()
+
+    def _answer_fast(self, records: list[Buffer]) -> list[Buffer]:
+        """Answer what the fast path can, all in one ``writelines``; the rest, in order."""
+        fast = self._fast
+        assert fast is not None
+        session = self._session
+        out: list[Buffer] = []
+        rest: list[Buffer] = []
+        for rec in records:
+            reply = fast.answer(rec, session)
+            if reply is None:
+                rest.append(rec)
+            else:
+                out += reply
+                self.calls += 1
+        if out and self._transport is not None and not self._closing:
+            n = 0
+            for b in out:
+                n += len(b)
+            self._stats.bytes_out += n
+            self._transport.writelines(out)
+        return rest
 
     def pause_writing(self) -> None:
         self._can_write.clear()

@@ -339,6 +339,11 @@ def pack_fattr3(w: Writer, v: Fattr3) -> None:
     w.raw(_fattr3(v))
 
 
+def fattr3_bytes(v: Fattr3) -> bytes:
+    """``v`` encoded (84 bytes): what the fast path keeps with an entry."""
+    return _fattr3(v)
+
+
 def unpack_fattr3(r: Reader) -> Fattr3:
     (
         t,

@@ -146,6 +146,10 @@ class Namespace:
         self.moved = Moved(cfg.dir_times_max)
         self._root = self._dir_entry("", "")
         self.watcher: DirWatcher | None = None
+        self.generation = 0
+        """Bumped by every change that can alter an answer already given (a directory's
+        children or attributes, a mutation, a drop): what the fast path (``gateway.fastpath``)
+        kept from ``peek`` is valid while this is unchanged and the parent is still fresh."""
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -189,6 +193,36 @@ class Namespace:
                 await self._raise_dir_missing(dir_path)
             raise NotFound(join_path(dir_path, name))
         return e
+
+    def peek(self, dir_path: str, name: str) -> tuple[Entry | None, Directory] | None:
+        """``name`` in ``dir_path`` if the index answers it now, without a wait, a listing or
+        a re-list: ``(entry, directory)``, ``(None, directory)`` when it is known to be absent,
+        or None when only ``getattr``/``lookup`` can say (the directory not listed, past its
+        TTL, being listed, partial, listed ahead and not yet announced, prefetch off). Counts
+        nothing (the caller counts what it answers). ``name`` must be a valid name."""
+        d = self._dirs.get(dir_path)
+        if (
+            d is None
+            or d.cols is None
+            or d.listing is not None
+            or d.partial
+            or d.unannounced
+            or not self.clock.monotonic() < d.fresh_until
+            or not self.config.prefetch
+        ):
+            return None
+        e = d.get(name, self._dir_entry)
+        if e is None:
+            if not d.exists or not d.count():
+                return None  # a file or gone: lookup's answer (NOTDIR, STALE)
+            return None, d
+        self._dirs.move_to_end(dir_path)
+        return e, d
+
+    @property
+    def root(self) -> Entry:
+        """The export root's entry (``getattr("")``)."""
+        return self._root
 
     async def readdir(self, dir_path: str, cookie: int, max_entries: int = 1024) -> DirPage:
         """Up to ``max_entries`` entries after ``cookie`` (0 = from the start) in name order.
@@ -658,6 +692,7 @@ class Namespace:
     def _marker(self, path: str, metadata: Mapping[str, str]) -> None:
         """Directory ``path``'s marker carries ``metadata`` (``dirattrs``); an explicit mtime
         there is the directory's time until its next change."""
+        self.generation += 1
         mtime = self.dir_attrs.record(path, metadata)
         if mtime is not None:
             self._dir_times[path] = mtime
@@ -701,12 +736,14 @@ class Namespace:
             self._drop(d)
 
     def _changed(self, d: Directory, bump_time: bool = True) -> None:
+        self.generation += 1
         d.gen += 1
         d.verf = self._verifiers.new()
         if bump_time:
             self._bump_dir_time(d.path)
 
     def _bump_dir_time(self, path: str) -> None:
+        self.generation += 1
         t = max(self.clock.time_ns(), self._dir_times.get(path, self._start_ns) + 1)
         self._dir_times[path] = t
         self._dir_times.move_to_end(path)
@@ -723,6 +760,7 @@ class Namespace:
         self.stats.entries += nentries
 
     def _drop(self, d: Directory) -> None:
+        self.generation += 1
         del self._dirs[d.path]
         if self.watcher is not None:
             self.watcher.dropped(self.store, d.key_prefix)

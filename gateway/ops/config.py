@@ -207,6 +207,14 @@ class ServerSettings:
     uvloop: bool = field(
         default=True, metadata=setting(boolean, "use the asyncio loop", flag="--no-uvloop")
     )
+    fast_path: bool = field(
+        default=True,
+        metadata=setting(
+            boolean,
+            "answer cached GETATTR/LOOKUP/ACCESS/READ in the receive callback (gateway.fastpath)",
+            flag="--no-fast-path",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -222,6 +222,13 @@ METRICS: tuple[MetricDef, ...] = (
        _F("drc", "running")),
     _M("nfsgw_drc_bytes", GAUGE, "Bytes charged to the duplicate-request cache", (),
        _F("drc", "bytes")),
+    # -- the fast path: fastpath.FastStats (its calls are in nfsgw_rpc_* like any other) --------
+    _M("nfsgw_fast_path_calls_total", COUNTER,
+       "NFS calls answered in the receive callback from memory (gateway.fastpath), or handed "
+       "to the ordinary path", ("outcome",),
+       PerLabel("fast", (("answered", "answered"), ("declined", "declined")))),
+    _M("nfsgw_fast_path_fills_total", COUNTER,
+       "Entries the fast path's tables took from the index", (), _F("fast", "fills")),
     # -- exports and access: registry.GatewayStats --------------------------------------------
     _M("nfsgw_files_opened_total", COUNTER,
        "READs at offset 0: files opened and read (NFSv3 has no OPEN)", (),

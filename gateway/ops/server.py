@@ -38,6 +38,7 @@ from gateway.data.prefetch import DataPrefetcher, PrefetchStats
 from gateway.dispatch import Dispatcher
 from gateway.drc import DuplicateRequestCache
 from gateway.exports import Export, ExportConfig, export_id_for
+from gateway.fastpath import FastPath
 from gateway.forward import OwnerLink, Router, serve_owner_link
 from gateway.handlers import register_all
 from gateway.namespace import Namespace, NamespaceStats
@@ -93,6 +94,7 @@ class Server:
         self.metrics = Metrics()
         self.drc = DuplicateRequestCache(config.server.nfs.drc, self.clock)
         self.prefetcher: DataPrefetcher | None = None
+        self.fastpath: FastPath | None = None
         self.gc_watch = GcWatch()
         self.prefetch_stats = PrefetchStats()
         self._writes: WriteManager | None = None
@@ -183,6 +185,13 @@ class Server:
             self.metrics.add_stats("route", self._link.stats)
             handler = Router(self.dispatcher, gw, self._link).handle
 
+        fast: FastPath | None = None
+        if c.server.fast_path:
+            # A worker that is not the owner answers only read-only exports' calls itself.
+            fast = FastPath(gw, self.metrics.call, local_only=role is not None and not role.owner)
+            self.metrics.add_stats("fast", fast.stats)
+        self.fastpath = fast
+
         def factory() -> asyncio.Protocol:
             if len(self.connections) >= self.config.server.max_connections:
                 self.refused_connections += 1
@@ -193,7 +202,7 @@ class Server:
                         refused=self.refused_connections,
                     )
                 return _Refused()
-            return RpcConnection(handler, limits, self.conn_stats, self.connections)
+            return RpcConnection(handler, limits, self.conn_stats, self.connections, fast)
 
         # Workers share the port: the kernel spreads connections over their listeners.
         srv = await loop.create_server(
@@ -478,6 +487,8 @@ class Server:
             else:
                 cur.cfg = ec  # security and attribute rules: the next call sees them
                 changes["updated"].append(path)
+        if self.fastpath is not None:
+            self.fastpath.clear()  # client lists, squash, modes: decided again
         self.reloads["ok"] += 1
         self.last_reload_error = []
         log.info("config_reloaded", **{k: v for k, v in changes.items() if v})

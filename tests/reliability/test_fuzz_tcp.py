@@ -345,8 +345,9 @@ def test_claimed_records_cost_no_memory(fx: Fixture) -> None:
         s.sendall(_mark(MAX_RECORD) + b"x")
         socks.append(s)
     fx.check_witness()
-    held = fx.gw.call(lambda: fx.gw.server.conn_stats.open)
-    assert held == 201
+    # Accepted as the loop gets to them (the witness's answer, from the fast path, may come
+    # back before the last ones are).
+    _wait_connections(fx, 201)
     assert _rss() - rss0 < 24 * MiB
     for s in socks:
         s.close()

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.data import DataStats, DiskStats
 from gateway.data.prefetch import PrefetchStats
 from gateway.drc import DrcStats
+from gateway.fastpath import FastStats
 from gateway.forward import RouteStats
 from gateway.namespace import NamespaceStats
 from gateway.namespace.resolve import HandleStats
@@ -52,6 +53,7 @@ LAYERS: dict[str, type] = {
     "warmup": WarmupStats,
     "route": RouteStats,
     "prefetch": PrefetchStats,
+    "fast": FastStats,
     "pack": PackStats,
     "gc": GcStats,
 }

@@ -1,0 +1,168 @@
+"""The fast path's wire mechanics in pure Python: the reference twin of ``gateway._fastwire``
+(C, built by the package's own build), which must give the same results for the same bytes.
+
+Owns: recognising a call the fast path may answer (``parse_call``) and assembling its reply
+records (``reply_*``, each a complete record: mark, RPC accepted-reply header, NFSv3 result).
+Must not: decide anything (handle validity, permissions, cache fills are ``gateway.fastpath``'s)
+or accept what the ordinary path would reject: ``parse_call`` returns None for every record it
+does not fully understand (another program, version or procedure, an auth flavour other than
+AUTH_NONE/AUTH_SYS in the credential, a verifier other than an empty AUTH_NONE, a handle over
+64 bytes, a name of 0 or over 255 bytes, non-zero XDR padding, a short or over-long record),
+and the ordinary path then answers it as it always has. So a record either gets the reply the
+ordinary path would give, or goes to it.
+
+Wire layout of the calls accepted (RFC 5531 §9, RFC 1813 §3.3)::
+
+    xid  CALL(0)  rpcvers(2)  prog(100003)  vers(3)  proc
+    cred: flavor(0|1) length(<= 400) body pad
+    verf: flavor(0) length(0)
+    nfs_fh3: length(<= 64) bytes pad
+    GETATTR: -          ACCESS: access u32       READ: offset u64, count u32
+    LOOKUP: name: length(1..255) bytes pad
+
+``parse_call`` returns ``(xid, proc, cred, fh, x, y)``: ``cred`` is the credential's flavor,
+length and body (without padding) as bytes, a key for the per-connection identity cache;
+``fh`` the handle's bytes; GETATTR ``x = y = 0``; ACCESS ``x`` the bits asked, ``y = 0``;
+READ ``x`` the offset, ``y`` the count; LOOKUP ``x`` the name's bytes and ``y`` the bytes of
+the whole arguments (handle and name, as XDR: the key of the LOOKUP table).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+NFS_PROGRAM: Final = 100003
+GETATTR: Final = 1
+LOOKUP: Final = 3
+ACCESS: Final = 4
+READ: Final = 6
+FATTR3_SIZE: Final = 84
+NFS3ERR_NOENT: Final = 2
+MAX_AUTH: Final = 400  # RFC 5531 §8.2: opaque_auth bodies are at most 400 bytes
+MAX_FH: Final = 64  # NFS3_FHSIZE
+MAX_NAME: Final = 255
+LAST_FRAGMENT: Final = 0x80000000
+
+Call = tuple[int, int, bytes, bytes, int | bytes, int | bytes]
+
+_CALL: Final = struct.Struct(">8I")  # xid, msg_type, rpcvers, prog, vers, proc, flavor, len
+_U32: Final = struct.Struct(">I")
+_U32X3: Final = struct.Struct(">3I")
+_READ: Final = struct.Struct(">QI")
+# mark, xid, REPLY, MSG_ACCEPTED, verf AUTH_NONE, verf length 0, SUCCESS, nfsstat3
+_HEAD: Final = struct.Struct(">8I")
+_HEAD_SIZE: Final = _HEAD.size - 4  # the record's bytes in the head (the mark is not counted)
+_ONE: Final = b"\0\0\0\1"  # post_op_attr: attributes follow
+_PAD: Final = (b"", b"\0\0\0", b"\0\0", b"\0")
+
+
+def _zero(rec: memoryview, start: int, end: int) -> bool:
+    return start == end or not any(rec[start:end])
+
+
+def parse_call(record: bytes | bytearray | memoryview) -> Call | None:
+    """``record`` (one RPC record, without its mark) as a fast-path call, or None."""
+    rec = record if isinstance(record, memoryview) else memoryview(record)
+    n = len(rec)
+    if n < 44:  # the header, an empty credential and verifier, a handle's length
+        return None
+    xid, mtype, rpcvers, prog, vers, proc, flavor, clen = _CALL.unpack_from(rec, 0)
+    if mtype != 0 or rpcvers != 2 or prog != NFS_PROGRAM or vers != 3:
+        return None
+    if proc != GETATTR and proc != LOOKUP and proc != ACCESS and proc != READ:
+        return None
+    if flavor > 1 or clen > MAX_AUTH:
+        return None
+    cend = 32 + clen
+    p = cend + (-clen & 3)
+    if p + 12 > n or not _zero(rec, cend, p):
+        return None
+    vflavor, vlen, fhlen = _U32X3.unpack_from(rec, p)
+    if vflavor != 0 or vlen != 0 or fhlen > MAX_FH:
+        return None
+    args = p + 8
+    q = p + 12
+    fend = q + fhlen
+    a = fend + (-fhlen & 3)
+    if a > n or not _zero(rec, fend, a):
+        return None
+    cred = bytes(rec[24:cend])
+    fh = bytes(rec[q:fend])
+    if proc == GETATTR:
+        return (xid, proc, cred, fh, 0, 0) if a == n else None
+    if proc == ACCESS:
+        if a + 4 != n:
+            return None
+        return (xid, proc, cred, fh, _U32.unpack_from(rec, a)[0], 0)
+    if proc == READ:
+        if a + 12 != n:
+            return None
+        offset, count = _READ.unpack_from(rec, a)
+        return (xid, proc, cred, fh, offset, count)
+    # LOOKUP
+    if a + 4 > n:
+        return None
+    (nlen,) = _U32.unpack_from(rec, a)
+    if nlen == 0 or nlen > MAX_NAME:
+        return None
+    nend = a + 4 + nlen
+    if nend + (-nlen & 3) != n or not _zero(rec, nend, n):
+        return None
+    return (xid, proc, cred, fh, bytes(rec[a + 4 : nend]), bytes(rec[args:n]))
+
+
+def _check_attr(attr: bytes) -> None:
+    if len(attr) != FATTR3_SIZE:
+        raise ValueError(f"fattr3 is {FATTR3_SIZE} bytes, not {len(attr)}")
+
+
+def _head(length: int, xid: int, status: int) -> bytes:
+    return _HEAD.pack(LAST_FRAGMENT | (_HEAD_SIZE + length), xid, 1, 0, 0, 0, 0, status)
+
+
+def reply_getattr(xid: int, attr: bytes) -> bytes:
+    """GETATTR3res, NFS3_OK: the attributes."""
+    _check_attr(attr)
+    return _head(FATTR3_SIZE, xid, 0) + attr
+
+
+def reply_access(xid: int, attr: bytes, access: int) -> bytes:
+    """ACCESS3res, NFS3_OK: post_op_attr and the bits allowed."""
+    _check_attr(attr)
+    return _head(4 + FATTR3_SIZE + 4, xid, 0) + _ONE + attr + _U32.pack(access)
+
+
+def reply_lookup(xid: int, fh: bytes, attr: bytes, dir_attr: bytes) -> bytes:
+    """LOOKUP3res, NFS3_OK: the handle, the object's and the directory's post_op_attr."""
+    _check_attr(attr)
+    _check_attr(dir_attr)
+    n = len(fh)
+    if n > MAX_FH:
+        raise ValueError(f"a handle is at most {MAX_FH} bytes, not {n}")
+    body = 4 + n + (-n & 3) + 2 * (4 + FATTR3_SIZE)
+    return b"".join(
+        (_head(body, xid, 0), _U32.pack(n), fh, _PAD[n & 3], _ONE, attr, _ONE, dir_attr)
+    )
+
+
+def reply_lookup_noent(xid: int, dir_attr: bytes) -> bytes:
+    """LOOKUP3res, NFS3ERR_NOENT: the directory's post_op_attr."""
+    _check_attr(dir_attr)
+    return _head(4 + FATTR3_SIZE, xid, NFS3ERR_NOENT) + _ONE + dir_attr
+
+
+def reply_read_head(xid: int, attr: bytes, count: int, eof: bool) -> bytes:
+    """READ3res, NFS3_OK, up to the data: post_op_attr, count, eof and the data's length.
+    The record's mark counts the ``count`` data bytes and their padding, which the caller
+    sends after it (``pad(count)``)."""
+    _check_attr(attr)
+    if not 0 <= count <= 0x7FFFFF00:
+        raise ValueError(f"bad READ count {count}")
+    body = 4 + FATTR3_SIZE + 12 + count + (-count & 3)
+    return _head(body, xid, 0) + _ONE + attr + _U32X3.pack(count, 1 if eof else 0, count)
+
+
+def pad(n: int) -> bytes:
+    """The XDR padding after ``n`` opaque bytes."""
+    return _PAD[n & 3]
