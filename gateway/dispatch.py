@@ -16,12 +16,12 @@ original runs to its end even if its connection closes. Must not: build wire byt
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import structlog
-from structlog.contextvars import bind_contextvars
 
 from gateway.drc import DuplicateRequestCache, identity
 from gateway.errors import ServerFault, as_gateway_error
@@ -35,6 +35,23 @@ log = structlog.get_logger(__name__)
 
 A = TypeVar("A")
 R = TypeVar("R")
+
+# The call being served (xid, procedure name, client address): set once per call (each runs
+# in its own task, so it ends with the call); ``add_call`` puts it in every log line logged
+# while serving it, in any layer. One ContextVar set instead of structlog's
+# bind_contextvars of three keys (~0.1 against ~1.5 µs per call).
+CALL: ContextVar[tuple[int, str, str] | None] = ContextVar("nfsgw_call", default=None)
+MAX_CREDS = 1024  # AUTH_SYS bodies kept decoded
+
+
+def add_call(_logger: object, _method: str, event: MutableMapping[str, Any]) -> Any:
+    """structlog processor: the call being served (``CALL``), unless the line names one."""
+    c = CALL.get()
+    if c is not None:
+        event.setdefault("xid", c[0])
+        event.setdefault("proc", c[1])
+        event.setdefault("client", c[2])
+    return event
 
 
 @dataclass(slots=True)
@@ -101,6 +118,8 @@ class Dispatcher:
         self.programs: dict[int, Program] = {}
         self.observer = observer or CallObserver()
         self.drc = drc
+        # AUTH_SYS body -> decoded: a client sends the same few credentials on every call.
+        self._creds: dict[bytes, rpc.AuthSys] = {}
 
     def register(
         self, prog: int, name: str, vers: int, procs: dict[int, Procedure[Any, Any]]
@@ -131,10 +150,16 @@ class Dispatcher:
             return w.buffers()
         ctx = CallContext(hdr.xid, hdr.prog, hdr.vers, hdr.proc, peer, hdr.cred.flavor)
         if hdr.cred.flavor == AuthFlavor.AUTH_SYS:
-            try:
-                a = rpc.unpack_auth_sys(hdr.cred.body)
-            except rpc.AuthError as e:
-                return self._auth_error(w, hdr.xid, e.stat, peer, str(e))
+            body = bytes(hdr.cred.body)
+            a = self._creds.get(body)
+            if a is None:
+                try:
+                    a = rpc.unpack_auth_sys(body)
+                except rpc.AuthError as e:
+                    return self._auth_error(w, hdr.xid, e.stat, peer, str(e))
+                if len(self._creds) >= MAX_CREDS:
+                    self._creds.clear()
+                self._creds[body] = a
             ctx.uid, ctx.gid, ctx.gids, ctx.machinename = a.uid, a.gid, tuple(a.gids), a.machinename
         elif hdr.cred.flavor != AuthFlavor.AUTH_NONE and not proc.any_auth:
             return self._auth_error(
@@ -186,8 +211,8 @@ class Dispatcher:
         name or "SYSTEM_ERR")."""
         name = f"{prog.name}.{proc.name}"
         # Every log line below this call (handlers, namespace, backend) carries these; each
-        # call runs in its own task, so the binding ends with it (STYLE §6).
-        bind_contextvars(xid=ctx.xid, proc=name, client=ctx.peer.host)
+        # call runs in its own task, so the binding ends with it (STYLE §6, ``add_call``).
+        CALL.set((ctx.xid, name, ctx.peer.host))
         t0 = time.perf_counter()
         try:
             res = await proc.handler(ctx, args)

@@ -13,5 +13,7 @@ from nfsproto.nfs3 import Access3Args, Access3Res, NfsStat3
 async def access3(gw: Gateway, ctx: CallContext, args: Access3Args) -> Access3Res:
     export, entry = await gw.resolve(ctx, args.object)
     uid, gid, gids = creds(ctx, export)
-    allowed = access_bits(export, entry, uid, gid, gids, args.access)
-    return Access3Res(NfsStat3.NFS3_OK, fattr(export, entry), allowed)
+    a = fattr(export, entry)
+    return Access3Res(
+        NfsStat3.NFS3_OK, a, access_bits(export, entry, uid, gid, gids, args.access, a)
+    )

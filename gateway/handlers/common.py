@@ -35,6 +35,7 @@ from nfsproto.nfs3 import (
     ACCESS3_LOOKUP,
     ACCESS3_MODIFY,
     ACCESS3_READ,
+    Fattr3,
     NfsStat3,
 )
 
@@ -114,12 +115,19 @@ def check_name(name: bytes) -> str:
 
 
 def access_bits(
-    export: Export, e: Entry, uid: int, gid: int, gids: tuple[int, ...], requested: int
+    export: Export,
+    e: Entry,
+    uid: int,
+    gid: int,
+    gids: tuple[int, ...],
+    requested: int,
+    a: Fattr3 | None = None,
 ) -> int:
     """RFC 1813 §3.3.4: the subset of ``requested`` the caller is allowed, from the mode bits
     (root may do anything but execute a file with no x bit). A read-only export never grants
-    MODIFY, EXTEND or DELETE."""
-    a = fattr(export, e)
+    MODIFY, EXTEND or DELETE. ``a``: ``fattr(export, e)`` if the caller has it already."""
+    if a is None:
+        a = fattr(export, e)
     if uid == 0:
         r = w = True
         x = e.kind == EntryKind.DIR or bool(a.mode & 0o111)

@@ -2,10 +2,10 @@
 on a TTY (STYLE §6).
 
 Owns: the processor chain and where lines go. One line per error, per connection open/close,
-per directory prefetch and per warm-up; never one per successful RPC. ``dispatch`` binds
-``xid``, ``proc`` and ``client`` per call with ``bind_contextvars`` (each call runs in its own
-task), so any line logged while serving a call, in any layer, carries them;
-``merge_contextvars`` here puts them in. Standard-library records (botocore, aiohttp, asyncio)
+per directory prefetch and per warm-up; never one per successful RPC. ``dispatch`` sets the
+call being served (``dispatch.CALL``: each call runs in its own task), so any line logged
+while serving a call, in any layer, carries its ``xid``, ``proc`` and ``client``
+(``dispatch.add_call``, a processor here). Standard-library records (botocore, aiohttp, asyncio)
 go through the same renderer via ``ProcessorFormatter``.
 """
 
@@ -16,6 +16,8 @@ import sys
 from typing import TextIO
 
 import structlog
+
+from gateway.dispatch import add_call
 
 LEVELS = ("debug", "info", "warning", "error")
 
@@ -35,6 +37,7 @@ def configure(
         json = not out.isatty()
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
+        add_call,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
