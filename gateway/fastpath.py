@@ -28,7 +28,6 @@ the owner, ``gateway.forward``).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,19 +69,18 @@ _V = TypeVar("_V", "Hot", "HotLookup")
 
 def load_wire() -> tuple[object, str]:
     """The mechanics module and its name: the C extension unless ``NFSGW_PURE_PYTHON=1`` or
-    it cannot be imported (then the twin, with one warning)."""
-    if os.environ.get("NFSGW_PURE_PYTHON", "") not in ("", "0"):
-        return fastwire, "python"
-    try:
-        from gateway import _fastwire  # type: ignore[attr-defined,unused-ignore]
-    except ImportError as e:
+    it cannot be imported (then the twin; a missing extension is said once, as a warning)."""
+    c = fastwire.compiled()
+    if c is not None:
+        return c, "native"
+    why = fastwire.compiled_error()
+    if why is not None and "NFSGW_PURE_PYTHON" not in why:
         log.warning(
             "fast_path_pure_python",
-            reason=f"the compiled fast path is not available ({e}); the Python twin serves "
+            reason=f"the compiled fast path is not available: {why}; the Python twin serves "
             "the same bytes at a higher CPU cost: reinstall with a C compiler (pip install -e .)",
         )
-        return fastwire, "python"
-    return _fastwire, "native"
+    return fastwire, "python"
 
 
 @dataclass(slots=True)

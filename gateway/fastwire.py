@@ -29,8 +29,15 @@ the whole arguments (handle and name, as XDR: the key of the LOOKUP table).
 
 from __future__ import annotations
 
+import functools
+import importlib
+import os
 import struct
-from typing import Final
+from types import ModuleType
+from typing import Final, Protocol
+
+from nfsproto.rpc import RecordError, RecordReader
+from nfsproto.xdr import Buffer
 
 NFS_PROGRAM: Final = 100003
 GETATTR: Final = 1
@@ -166,3 +173,49 @@ def reply_read_head(xid: int, attr: bytes, count: int, eof: bool) -> bytes:
 def pad(n: int) -> bytes:
     """The XDR padding after ``n`` opaque bytes."""
     return _PAD[n & 3]
+
+
+# -- which twin ------------------------------------------------------------------------------
+
+
+@functools.cache
+def compiled() -> ModuleType | None:
+    """``gateway._fastwire``, or None: ``NFSGW_PURE_PYTHON=1`` asks for the Python twins, or
+    the extension was not built (``compiled_error`` says why)."""
+    if os.environ.get("NFSGW_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        return importlib.import_module("gateway._fastwire")
+    except ImportError:
+        return None
+
+
+def compiled_error() -> str | None:
+    """Why the compiled twin is not used (None: it is)."""
+    if compiled() is not None:
+        return None
+    if os.environ.get("NFSGW_PURE_PYTHON", "") not in ("", "0"):
+        return "NFSGW_PURE_PYTHON is set"
+    try:
+        importlib.import_module("gateway._fastwire")
+    except ImportError as e:
+        return f"the extension is not built ({e})"
+    return None
+
+
+class Records(Protocol):
+    """``nfsproto.rpc.RecordReader``'s interface (the C twin has the same)."""
+
+    def feed(self, data: Buffer, /) -> list[Buffer]: ...
+
+    def pending_bytes(self) -> int: ...
+
+
+def record_reader(max_record: int) -> Records:
+    """A record reader for one connection: the C one unless the Python twins are asked for
+    or missing; both raise ``RecordError`` for a record over ``max_record``."""
+    c = compiled()
+    if c is None:
+        return RecordReader(max_record)
+    reader: Records = c.RecordReader(max_record, RecordError)
+    return reader

@@ -19,8 +19,9 @@ from typing import Any, Protocol, cast
 
 import structlog
 
+from gateway.fastwire import record_reader
 from gateway.settings import MiB, int_in, setting, size
-from nfsproto.rpc import DEFAULT_MAX_RECORD, RecordError, RecordReader, frame
+from nfsproto.rpc import DEFAULT_MAX_RECORD, RecordError, frame
 from nfsproto.xdr import Buffer
 
 log = structlog.get_logger(__name__)
@@ -102,7 +103,7 @@ class RpcConnection(asyncio.Protocol):
         self._limits = limits
         self._stats = stats
         self._connections = connections
-        self._reader = RecordReader(limits.max_record)
+        self._reader = record_reader(limits.max_record)  # C, or nfsproto's
         self._transport: asyncio.Transport | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # Records decoded but not started: one read can carry many calls; only

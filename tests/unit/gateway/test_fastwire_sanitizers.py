@@ -1,0 +1,250 @@
+"""``gateway/_fastwire.c`` under AddressSanitizer and UndefinedBehaviorSanitizer.
+
+The test compiles the C with ``-fsanitize=address,undefined -fno-sanitize-recover=all`` into
+a temporary directory and runs this file as a script in a child Python (the same
+interpreter, ``libasan`` preloaded since the interpreter is not instrumented,
+``PYTHONMALLOC=malloc`` so that every object is its own allocation with red zones around it):
+a bounded fuzz loop (``fuzz``) of mutated, truncated and random records through
+``parse_call``, random streams through ``RecordReader`` and the reply builders at their
+limits, each result compared with the Python twin's. Records are handed over in buffers of
+exactly their size (ctypes arrays, allocated by malloc), so reading one byte past the end is
+an ASan report. Any report, or any difference from the twin, ends the child with a non-zero
+status; the test wants status 0 and the child's count of cases.
+
+Skips when gcc or its libasan is missing, unless ``NFSGW_REQUIRE_NATIVE=1``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SOURCE = ROOT / "gateway" / "_fastwire.c"
+CASES = 200_000
+SECONDS = 25.0  # the loop stops here if the machine is slower than planned
+MIN_CASES = 20_000
+
+
+def _skip_or_fail(reason: str) -> None:
+    if os.environ.get("NFSGW_REQUIRE_NATIVE") == "1":
+        pytest.fail(f"NFSGW_REQUIRE_NATIVE=1 but {reason}")
+    pytest.skip(reason)
+
+
+def _runtime(gcc: str, name: str) -> str | None:
+    out = subprocess.run([gcc, f"-print-file-name={name}"], capture_output=True, text=True)
+    path = out.stdout.strip()
+    return path if os.path.isabs(path) and os.path.exists(path) else None
+
+
+def test_fastwire_under_sanitizers(tmp_path: Path) -> None:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        _skip_or_fail("gcc is not installed")
+    assert gcc is not None
+    asan = _runtime(gcc, "libasan.so")
+    if asan is None:
+        _skip_or_fail("gcc's libasan is not installed")
+    assert asan is not None
+    so = tmp_path / f"_fastwire{sysconfig.get_config_var('EXT_SUFFIX')}"
+    flags = "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
+    warnings = "-Wall -Wextra -Werror -std=c11 -O1 -g -fPIC -shared"
+    cmd = [gcc, *flags.split(), *warnings.split(), f"-I{sysconfig.get_paths()['include']}"]
+    build = subprocess.run([*cmd, str(SOURCE), "-o", str(so)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    env = {
+        **os.environ,
+        "LD_PRELOAD": asan,
+        "ASAN_OPTIONS": "detect_leaks=0",  # the interpreter keeps objects until exit
+        "UBSAN_OPTIONS": "print_stacktrace=1",
+        "PYTHONMALLOC": "malloc",
+        "PYTHONPATH": str(ROOT),
+    }
+    run = subprocess.run(
+        [sys.executable, __file__, str(so), str(CASES), str(SECONDS)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=SECONDS * 4 + 60,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    last = run.stdout.strip().splitlines()[-1]
+    assert last.startswith("fuzz ran "), run.stdout
+    assert int(last.split()[2]) >= MIN_CASES, last
+
+
+# --------------------------------------------------------------------------- the child
+
+
+def _exact(data: bytes) -> Any:
+    """``data`` in a buffer of exactly its size (over 16 bytes: its own malloc'd block)."""
+    return (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+
+
+def _outcome(fn: Any, *args: Any) -> object:
+    try:
+        return ("ok", fn(*args))
+    except Exception as e:
+        return ("error", type(e), str(e))
+
+
+class Fuzz:
+    def __init__(self, native: Any, seed: int) -> None:
+        from gateway import fastwire
+        from nfsproto import nfs3, rpc
+        from nfsproto.xdr import Writer
+
+        self.c, self.py, self.rpc = native, fastwire, rpc
+        self.rng = random.Random(seed)
+        self.cases = 0
+        rng = self.rng
+        self.calls: list[bytes] = []
+        for i in range(400):
+            proc = (1, 3, 4, 6)[i % 4]
+            fh = rng.randbytes(rng.choice([0, 1, 8, 28, 63, 64]))
+            cred = rpc.NULL_AUTH
+            if i % 3:
+                gids = [rng.getrandbits(32) for _ in range(rng.randint(0, 16))]
+                name = rng.randbytes(rng.choice([0, 1, 5, 255]))
+                cred = rpc.auth_sys(rng.getrandbits(32), rng.getrandbits(32), gids, name)
+            args: Any = nfs3.Getattr3Args(fh)
+            if proc == 3:
+                name = rng.randbytes(rng.choice([1, 2, 3, 4, 100, 254, 255]))
+                args = nfs3.Lookup3Args(nfs3.Diropargs3(fh, name))
+            elif proc == 4:
+                args = nfs3.Access3Args(fh, rng.getrandbits(32))
+            elif proc == 6:
+                args = nfs3.Read3Args(fh, rng.getrandbits(64), rng.getrandbits(32))
+            w = Writer()
+            rpc.pack_call(w, rng.getrandbits(32), nfs3.PROGRAM, 3, proc, cred)
+            nfs3.PROCS[proc].pack_args(w, args)
+            self.calls.append(w.getvalue())
+
+    def parse(self, record: bytes) -> None:
+        want = self.py.parse_call(record)
+        got = self.c.parse_call(_exact(record))
+        if got != want or (want is not None and list(map(type, got)) != list(map(type, want))):
+            raise AssertionError(f"parse_call differs on {record.hex()}: {got} != {want}")
+        self.cases += 1
+
+    def mutate(self, record: bytes) -> bytes:
+        rng = self.rng
+        kind = rng.randrange(6)
+        if kind == 0:
+            return record[: rng.randrange(len(record))]
+        b = bytearray(record)
+        if kind == 1:
+            for _ in range(rng.randint(1, 3)):
+                b[rng.randrange(len(b))] ^= rng.randint(1, 255)
+        elif kind == 2:
+            at = rng.randrange(0, len(b) - 3, 4 if rng.random() < 0.8 else 1)
+            edges = (0, 1, 3, 4, 64, 65, 255, 256, 400, 401, 0x7FFFFFFF, 2**32 - 1)
+            value = rng.choice(edges) if rng.random() < 0.7 else rng.getrandbits(32)
+            b[at : at + 4] = struct.pack(">I", value)
+        elif kind == 3:
+            b += rng.randbytes(rng.randint(1, 12))
+        elif kind == 4:
+            return b[:24] + rng.randbytes(rng.randrange(600))
+        else:
+            return rng.randbytes(rng.randrange(120))
+        return bytes(b)
+
+    def records(self, n: int) -> None:
+        for _ in range(n):
+            base = self.rng.choice(self.calls)
+            self.parse(base if self.rng.random() < 0.05 else self.mutate(base))
+
+    def stream(self) -> None:
+        rng, rpc = self.rng, self.rpc
+        out = bytearray()
+        for _ in range(rng.randrange(8)):
+            rec = rng.randbytes(rng.choice([0, 1, 3, 40, 300, 2000]))
+            cuts = sorted(rng.randint(0, len(rec)) for _ in range(rng.randrange(4)))
+            bounds = [0, *cuts, len(rec)]
+            for i in range(len(bounds) - 1):
+                last = rpc.LAST_FRAGMENT if i == len(bounds) - 2 else 0
+                out += struct.pack(">I", last | (bounds[i + 1] - bounds[i]))
+                out += rec[bounds[i] : bounds[i + 1]]
+        if rng.random() < 0.3:
+            out += rng.randbytes(rng.randrange(12))
+        limit = rng.choice([rpc.DEFAULT_MAX_RECORD, -1, 0, 1, 300, 2000, rng.randrange(3000)])
+        py, c = rpc.RecordReader(limit), self.c.RecordReader(limit, rpc.RecordError)
+        cuts = sorted(rng.randint(0, len(out)) for _ in range(rng.randrange(10)))
+        for a, b in zip([0, *cuts], [*cuts, len(out)], strict=True):
+            piece = bytes(out[a:b])
+            got, want = self._feed(c, _exact(piece)), self._feed(py, piece)
+            if got != want:
+                raise AssertionError(f"RecordReader differs on {out.hex()} at {a}:{b}")
+            self.cases += 1
+
+    @staticmethod
+    def _feed(reader: Any, data: Any) -> object:
+        try:
+            got = reader.feed(data)
+        except Exception as e:
+            return ("error", type(e), str(e), reader.pending_bytes())
+        return ("ok", [(type(r), bytes(r)) for r in got], reader.pending_bytes())
+
+    def replies(self) -> None:
+        ints = (0, 1, 2**32 - 1, 2**32, -1, 2**64, 0x7FFFFF00, 0x7FFFFF01, 1.5, None)
+        ok = bytes(range(84))
+        for n in range(0, 100):
+            b = _exact(bytes(range(n)))
+            for v in ints:
+                for name, args in (
+                    ("reply_getattr", (v, b)),
+                    ("reply_access", (v, b, v)),
+                    ("reply_lookup", (v, b, ok, ok)),
+                    ("reply_lookup", (v, ok[:64], b, ok)),
+                    ("reply_lookup", (v, ok[:64], ok, b)),
+                    ("reply_lookup_noent", (v, b)),
+                    ("reply_read_head", (5, b, v, n & 1)),
+                    ("reply_read_head", (v, ok, n, v)),
+                    ("pad", (v,)),
+                ):
+                    py_args = tuple(bytes(a) if isinstance(a, ctypes.Array) else a for a in args)
+                    got = _outcome(getattr(self.c, name), *args)
+                    want = _outcome(getattr(self.py, name), *py_args)
+                    if got != want:
+                        raise AssertionError(f"{name}{py_args}: {got} != {want}")
+                    self.cases += 1
+
+
+def fuzz(so: str, cases: int, seconds: float, seed: int) -> int:
+    import importlib.util
+
+    maps = Path("/proc/self/maps").read_text()
+    assert "libasan" in maps, "libasan is not loaded"
+    spec = importlib.util.spec_from_file_location("gateway._fastwire", so)
+    assert spec is not None and spec.loader is not None
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)
+    assert native.__file__ == so
+    print(f"seed {seed} (rerun: python {__file__} SO CASES SECONDS SEED)", flush=True)
+    f = Fuzz(native, seed)
+    f.replies()
+    deadline = time.monotonic() + seconds
+    while f.cases < cases and time.monotonic() < deadline:
+        f.records(2000)
+        for _ in range(20):
+            f.stream()
+    return f.cases
+
+
+if __name__ == "__main__":
+    seed = int(sys.argv[4]) if len(sys.argv) > 4 else random.getrandbits(32)
+    n = fuzz(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), seed)
+    print(f"fuzz ran {n} cases")
