@@ -249,14 +249,21 @@ class FastPath:
             return None
         gw = self._gw
         reader = gw.reader
-        if count == 0 or offset >= e.size or e.size > reader.config.small_file_max:
-            return None
-        got = reader.read_cached(
-            h.export.store.name, h.key, e.etag, e.size, offset, min(count, gw.config.rsize)
-        )
-        if got is None:
-            return None
-        data, eof = got
+        size = e.size
+        data: Buffer
+        if offset >= min(offset + min(count, gw.config.rsize), size):
+            # Nothing to send (past the end, or a count of 0): answered without the data,
+            # as the ordinary path does; a reader's last READ, the one that sees EOF, is this.
+            data, eof = b"", offset >= size
+        else:
+            if size > reader.config.small_file_max:
+                return None
+            got = reader.read_cached(
+                h.export.store.name, h.key, e.etag, size, offset, min(count, gw.config.rsize)
+            )
+            if got is None:
+                return None
+            data, eof = got
         _hit(h)
         if offset == 0:
             gw.stats.files_opened += 1
