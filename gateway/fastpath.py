@@ -3,7 +3,8 @@
 Owns: answering GETATTR, LOOKUP (hit, and miss in a listed directory), ACCESS and READ of a
 small file whose bytes are in memory, straight from the record bytes (no Task, no await, no
 call objects), and the memory it keeps for that: a table of handles already checked
-(``Hot``: export, entry, parent directory, the attributes XDR-encoded, a permission memo),
+(``Hot``: export, entry, until when its parent is fresh, the attributes XDR-encoded, a
+permission memo),
 a table of LOOKUP arguments already answered, and per connection the identity each
 credential maps to on each export (client check and squash decided once). Everything else --
 a miss, a write, another procedure, an odd credential, a bad handle, any error -- returns
@@ -13,7 +14,9 @@ same way (``tests/unit/gateway/test_fastpath.py`` compares the two byte for byte
 
 Validity: what a table keeps was true when the index answered it (``Namespace.peek``) and
 stays true while the export's index generation is unchanged (every change, re-list that
-found one, mutation or drop bumps it) and the parent directory is still inside its TTL; a
+found one, mutation or drop bumps it) and the parent directory is still inside the TTL it
+had then (a re-list that extends it costs one refill from the index; no table holds a
+``Directory``, so a directory the index drops is freed at once); a
 config reload clears everything (``clear``). The tables are bounded (``max_entries`` each:
 the oldest go first).
 
@@ -28,6 +31,7 @@ the owner, ``gateway.forward``).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +47,6 @@ from gateway.exports import Export
 from gateway.handlers.common import access_bits
 from gateway.handlers.mutate import MAX_KEY
 from gateway.namespace import Entry, EntryKind
-from gateway.namespace.directory import Directory
 from gateway.namespace.index import Namespace
 from gateway.namespace.paths import bad_name, join_path, split_path
 from gateway.policy import R_OK, X_OK, client_denied, permits, squash
@@ -104,16 +107,16 @@ class Hot:
         "gen",
         "key",
         "ns",
-        "parent",
+        "until",
         "read",
         "search",
     )
 
-    def __init__(self, export: Export, entry: Entry, parent: Directory | None, attr: bytes) -> None:
+    def __init__(self, export: Export, entry: Entry, until: float, attr: bytes) -> None:
         self.export = export
         self.ns: Namespace = export.ns
         self.entry = entry
-        self.parent = parent  # None: the export's root
+        self.until = until  # the parent's fresh_until when filled (inf: the export's root)
         self.gen = export.ns.generation
         self.attr = attr
         self.key = export.prefix + entry.path
@@ -126,7 +129,7 @@ class Hot:
 def _hit(h: Hot) -> None:
     """Count what the ordinary path counts when it resolves ``h``'s handle: an index hit in
     its parent (the root has none)."""
-    if h.parent is not None:
+    if h.until != math.inf:
         h.ns.stats.hits += 1
 
 
@@ -280,9 +283,7 @@ class FastPath:
             if (
                 d.gen == ns.generation
                 and c.gen == ns.generation
-                and c.parent is not None
-                and ns.clock.monotonic() < c.parent.fresh_until
-                and (d.parent is None or ns.clock.monotonic() < d.parent.fresh_until)
+                and ns.clock.monotonic() < min(c.until, d.until)
                 and self._files.get(fh) is d
             ):
                 ctx = self._ident(s, cred, d.export)
@@ -341,7 +342,9 @@ class FastPath:
             return [self._r_noent(xid, d.attr)], "NFS3ERR_NOENT"
         ns.stats.hits += 1
         cfh = self._gw.handle_for(export, child.path)
-        c = self._put(self._files, cfh, Hot(export, child, directory, self._attr(export, child)))
+        c = self._put(
+            self._files, cfh, Hot(export, child, directory.fresh_until, self._attr(export, child))
+        )
         self._put(self._lookups, key, HotLookup(d, c, cfh))
         return [self._r_lookup(xid, cfh, c.attr, d.attr)], "ok"
 
@@ -353,9 +356,7 @@ class FastPath:
         h = self._files.get(fh)
         if h is not None:
             ns = h.ns
-            if h.gen == ns.generation and (
-                h.parent is None or ns.clock.monotonic() < h.parent.fresh_until
-            ):
+            if h.gen == ns.generation and (ns.clock.monotonic() < h.until):
                 return h
         gw = self._gw
         export_id, path, _form, _payload = gw.handles.peek(fh)  # BadHandle: ordinary path
@@ -365,14 +366,14 @@ class FastPath:
         if self._local_only and not export.cfg.read_only:
             return None
         if not path:
-            entry, parent = export.ns.root, None
+            entry, until = export.ns.root, math.inf
         else:
             dpath, name = split_path(path)
             got = export.ns.peek(dpath, name)
             if got is None or got[0] is None:
                 return None
-            entry, parent = got[0], got[1]
-        return self._put(self._files, fh, Hot(export, entry, parent, self._attr(export, entry)))
+            entry, until = got[0], got[1].fresh_until
+        return self._put(self._files, fh, Hot(export, entry, until, self._attr(export, entry)))
 
     def _put(self, table: dict[bytes, _V], key: bytes, value: _V) -> _V:
         if len(table) >= self._max and key not in table:
