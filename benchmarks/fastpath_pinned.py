@@ -72,12 +72,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # sibling scripts, as mypy names them
 
 import netns  # noqa: E402
+import workers  # noqa: E402
 from nfsreader import NfsReader  # noqa: E402
 from scale_index import Ganesha, log  # noqa: E402
 from workers import CACHE as TREES  # noqa: E402
 from workers import Server, Tree, build_tree, cpu_seconds  # noqa: E402
-
-from loadgen.gwprocess import GatewayProcess  # noqa: E402
 
 CACHE = Path("/var/tmp/nfsgw-fastpath")
 SERVER_CPU = 1  # --pin: the server's core
@@ -91,43 +90,27 @@ WORKER = "nfsgw_worker_rpc_requests_total{"
 # ------------------------------------------------------------------------------ the servers
 
 
-class Nfsgw:
+class Nfsgw(workers.Nfsgw):
     """``nfsgw serve`` exporting the tree read-only, in one of the kinds above."""
 
     def __init__(self, work: Path, tree: Tree, kind: str) -> None:
         self.kind = kind
         # "auto": one worker per CPU under a supervisor (2 tells GatewayProcess to wait for
         # the supervisor's start line; the file's "auto" wins).
-        workers = 2 if kind == "auto" else 1
-        sections = {"server": {"workers": "auto"}} if kind == "auto" else {}
-        self.name = "nfsgw auto workers" if kind == "auto" else f"nfsgw w1 {kind}"
         env = {k: v for k, v in os.environ.items() if k != "NFSGW_PURE_PYTHON"}
         if kind == "python":
             env["NFSGW_PURE_PYTHON"] = "1"
         self.env = env
-        self.gw = GatewayProcess(
+        super().__init__(
             work,
-            [{"path": "/data", "backend": f"file://{tree.root}", "read_only": True}],
-            name=f"nfsgw-{kind}",
-            workers=workers,
-            sections=sections,
+            tree,
+            2 if kind == "auto" else 1,
+            False,
+            name="nfsgw auto workers" if kind == "auto" else f"nfsgw w1 {kind}",
+            sections={"server": {"workers": "auto"}} if kind == "auto" else {},
             flags=["--no-fast-path"] if kind == "no-fast-path" else [],
             env=env,
         )
-
-    def start(self) -> None:
-        self.gw.start()
-
-    def stop(self) -> None:
-        self.gw.stop()
-
-    @property
-    def pid(self) -> int:
-        return self.gw.pid
-
-    @property
-    def url(self) -> str:
-        return self.gw.libnfs_url("/data")
 
     def mechanics(self) -> str:
         """The fast path's mechanics this gateway's environment gets: native or python."""

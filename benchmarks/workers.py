@@ -109,20 +109,36 @@ class Server(Protocol):
 
 
 class Nfsgw:
-    def __init__(self, work: Path, tree: Tree, workers: int, disk: bool) -> None:
-        self.name = f"nfsgw --workers {workers}"
+    """``nfsgw serve`` exporting the tree read-only (``benchmarks/fastpath_pinned.py``
+    builds its variants on it: ``name``, ``sections``, ``flags`` and ``env``)."""
+
+    def __init__(
+        self,
+        work: Path,
+        tree: Tree,
+        workers: int,
+        disk: bool,
+        *,
+        name: str | None = None,
+        sections: dict[str, dict[str, object]] | None = None,
+        flags: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name or f"nfsgw --workers {workers}"
         self.workers = workers
-        sections: dict[str, dict[str, object]] = {}
+        sections = {k: dict(v) for k, v in (sections or {}).items()}
         if disk:  # a fresh disk tier: epoch 1 is cold for every gateway
             cache_dir = work / f"cache-w{workers}"
             shutil.rmtree(cache_dir, ignore_errors=True)
-            sections["server"] = {"cache_dir": str(cache_dir)}
+            sections.setdefault("server", {})["cache_dir"] = str(cache_dir)
         self.gw = GatewayProcess(
             work,
             [{"path": "/data", "backend": f"file://{tree.root}", "read_only": True}],
-            name=f"nfsgw-w{workers}",
+            name=self.name.replace(" ", "-") if name else f"nfsgw-w{workers}",
             workers=workers,
             sections=sections,
+            flags=flags,
+            env=env,
         )
 
     def start(self) -> None:
