@@ -286,12 +286,7 @@ class FastPath:
                 and ns.clock.monotonic() < min(c.until, d.until)
                 and self._files.get(fh) is d
             ):
-                ctx = self._ident(s, cred, d.export)
-                if ctx is None:
-                    return None
-                if d.ctx is not ctx:
-                    self._memo(d, ctx)
-                if not d.search:
+                if not self._may_search(s, cred, d):
                     return None
                 if lk.fh not in self._files:
                     self._put(self._files, lk.fh, c)
@@ -303,12 +298,7 @@ class FastPath:
         if dh is None or dh.entry.kind is not EntryKind.DIR:
             return None
         d = dh
-        ctx = self._ident(s, cred, d.export)
-        if ctx is None:
-            return None
-        if d.ctx is not ctx:
-            self._memo(d, ctx)
-        if not d.search:
+        if not self._may_search(s, cred, d):
             return None  # the ordinary path refuses it (and counts and logs the refusal)
         try:
             name = raw.decode("utf-8")
@@ -347,6 +337,16 @@ class FastPath:
         )
         self._put(self._lookups, key, HotLookup(d, c, cfh))
         return [self._r_lookup(xid, cfh, c.attr, d.attr)], "ok"
+
+    def _may_search(self, s: Session, cred: bytes, d: Hot) -> bool:
+        """Whether ``cred`` may LOOKUP in directory ``d`` (False also where the ordinary path
+        must decide: an identity it refuses)."""
+        ctx = self._ident(s, cred, d.export)
+        if ctx is None:
+            return False
+        if d.ctx is not ctx:
+            self._memo(d, ctx)
+        return d.search
 
     # -- tables ----------------------------------------------------------------------------
 
