@@ -248,7 +248,9 @@ class FanoutApi:
                     state["reason"] = ans[1].get("reason") or "backend unreachable"
             elif w.ready:
                 state["reason"] = "no answer"
-            state["ready"] = ans is not None and ans[0] == 200
+            # A crash-looping worker stays not ready until it has lived the crash window,
+            # even while it answers (it may die again any moment).
+            state["ready"] = ans is not None and ans[0] == 200 and not w.crash_looping
             ok = ok and state["ready"]
             workers.append(state)
         return web.json_response(

@@ -192,6 +192,43 @@ def test_a_killed_worker_is_replaced_and_counters_keep_counting(
                 c.close()
 
 
+def test_a_worker_that_keeps_dying_is_a_crash_loop_until_it_lives(
+    seaweed: SeaweedServer, bucket: str, tmp_path: Path
+) -> None:
+    """Killed young three times in a row, a worker is restarted after a doubling back-off
+    (0.5, 1, 2 s), logged at error level as a crash loop, named by ``/readyz`` (503) and
+    ``nfsgw_worker_crash_loop``; once it has lived ``CRASH_WINDOW_S`` the service is ready
+    again. The other worker serves throughout."""
+    from gateway.ops.workers import CRASH_LOOP_AFTER, CRASH_WINDOW_S
+
+    with _gateway(tmp_path, seaweed, bucket, read_only=True) as gw:
+        for _ in range(CRASH_LOOP_AFTER):
+            victim = _json(gw, "/v1/stats")[1]["workers"][1]["pid"]
+            os.kill(victim, signal.SIGKILL)
+            _wait(lambda v=victim: _json(gw, "/readyz")[1]["workers"][1]["pid"] not in (v, None))
+            _wait(lambda: _json(gw, "/readyz")[1]["workers"][1]["up"])
+        status, ready = _json(gw, "/readyz")
+        assert status == 503
+        w1 = ready["workers"][1]
+        assert w1["crash_loop"] and "crash loop: exited 3 times in a row" in w1["reason"]
+        assert _metric(gw, "nfsgw_worker_crash_loop{worker=1}") == 1
+        assert _metric(gw, "nfsgw_worker_crash_loop{worker=0}") == 0
+        exits = [
+            json.loads(line)
+            for line in gw.log_path.read_text().splitlines()
+            if '"worker_exited"' in line
+        ]
+        assert [e["restart_in_s"] for e in exits] == [0.5, 1.0, 2.0]
+        assert [e["level"] for e in exits] == ["warning", "warning", "error"]
+        assert exits[-1]["crash_loop"] is True
+        # The other worker kept serving.
+        with LibNfs(gw.libnfs_url("/data")) as c:
+            assert c.read_file("/c0/f000.jpg") == _body(0)
+        # Alive for the crash window: no longer a loop, the service ready again.
+        _wait(lambda: _json(gw, "/readyz")[0] == 200, CRASH_WINDOW_S + 15)
+        assert _metric(gw, "nfsgw_worker_crash_loop{worker=1}") == 0
+
+
 def test_writes_over_several_connections_go_to_one_owner(
     seaweed: SeaweedServer, bucket: str, tmp_path: Path
 ) -> None:
