@@ -12,12 +12,13 @@ the gateway.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 INSIDE_FLAG = "--inside-namespace"
@@ -129,3 +130,25 @@ def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(30)
+
+
+def main_beside_ganesha(
+    script: str,
+    argv: Sequence[str] | None,
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace, bool, str], int],
+    timeout_s: float,
+    log: Callable[[str], None],
+) -> int:
+    """The ``main`` of a benchmark that runs nfs-ganesha beside nfsgw: inside the namespaces,
+    ``run(args, True, "")``; where ganesha cannot run (or ``args.no_ganesha``), ``run(args,
+    False, why)`` here; else ``script`` again inside private namespaces (``reexec_inside``:
+    the kernel ends every process left in them when the script, their init, exits)."""
+    if args.inside_namespace:
+        enter_namespace()
+        return run(args, True, "")
+    note = "skipped: --no-ganesha" if args.no_ganesha else ganesha_prereqs()
+    if note:
+        log(f"nfs-ganesha {note}")
+        return run(args, False, note)
+    return reexec_inside(script, argv, timeout_s)

@@ -915,16 +915,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.inside_namespace:
-        netns.enter_namespace()
-        return run(args, True, "")
-    note = "skipped: --no-ganesha" if args.no_ganesha else netns.ganesha_prereqs()
-    if note:
-        log(f"nfs-ganesha {note}")
-        return run(args, False, note)
-    # Re-run this script in private namespaces: the kernel ends every process left in them
-    # when the script (their init) exits.
-    return netns.reexec_inside(__file__, argv, args.timeout + 120)
+    return netns.main_beside_ganesha(__file__, argv, args, run, args.timeout + 120, log)
 
 
 if __name__ == "__main__":
