@@ -128,8 +128,8 @@ class Hot:
 
 def _hit(h: Hot) -> None:
     """Count what the ordinary path counts when it resolves ``h``'s handle: an index hit in
-    its parent (the root has none)."""
-    if h.until != math.inf:
+    its parent (the root, path "", has none)."""
+    if h.entry.path:
         h.ns.stats.hits += 1
 
 
@@ -213,8 +213,13 @@ class FastPath:
         xid, proc, cred, fh, x, y = call
         try:
             out = self._answer(s, xid, proc, cred, fh, x, y)
-        except (GatewayError, XdrError, rpc.AuthError, ValueError):
-            out = None  # the ordinary path answers (and logs) it
+        except GatewayError:
+            out = None  # a bad or stale handle: the ordinary path answers (and logs) it
+        except Exception:
+            # A bug here must not cost the client its answer or the connection: logged, and
+            # the ordinary path answers.
+            log.exception("fast_path_failed", xid=xid, proc=_NAMES[proc], client=s.peer.host)
+            out = None
         if out is None:
             self.stats.declined += 1
             return None

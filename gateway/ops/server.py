@@ -237,6 +237,7 @@ class Server:
             admin_port=self.metrics_port or None,
             exports=[e.path for e in c.exports],
             cache_memory=gw.reader.cache.budget_bytes,
+            fast_path=fast.kind if fast is not None else "off",
             config=str(c.source) if c.source else None,
         )
         self.notifier.ready(self._status())

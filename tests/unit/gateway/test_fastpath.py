@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from gateway import fastwire
 from gateway.exports import ExportConfig
@@ -314,3 +315,28 @@ async def test_the_server_serves_through_the_fast_path_over_tcp(tmp_path: Path) 
         assert gw.statuses()[("NFS3.READ", "ok")] == 40
     async with MemoryGateway.of(tmp_path, EXPORTS[:1], files=files, server_fast_path=False) as gw:
         assert gw.server.fastpath is None
+
+
+async def test_a_fast_path_bug_costs_the_client_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected error inside the fast path is logged and the call goes down the
+    ordinary path, which answers it; the connection is not lost."""
+    files = {"ds/c0/f0.jpg": b"abc"}
+    async with MemoryGateway.of(tmp_path, EXPORTS[:1], files=files) as gw:
+        root = await gw.mount(b"/data")
+        fh = await gw.walk(root, "c0/f0.jpg")
+        assert (await gw.getattr(fh)).status == NfsStat3.NFS3_OK
+        fast = gw.server.fastpath
+        assert fast is not None
+        answered = gw.fast_answers
+
+        def broken(*_: object) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(fast, "_answer", broken)
+        with capture_logs() as logs:
+            res = await gw.getattr(fh)
+        assert res.status == NfsStat3.NFS3_OK and res.obj_attributes.size == 3
+        assert gw.fast_answers == answered  # the ordinary path answered
+        assert [x["event"] for x in logs if x["log_level"] == "error"] == ["fast_path_failed"]
