@@ -42,27 +42,32 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class ChecksumPolicy:
-    """Which whole-object GET bodies the S3 store verifies (``s3wire.body_checksum``); a body
-    that fails is retried like a short one, then the read fails (NFS3ERR_IO), never served.
-    Ranged reads of part of an object are not verifiable (docs/reliability.md). Costs per
-    110 kB GET against ~230 µs of CPU without (``benchmarks/s3_checksum_cpu.py``,
+    """Which whole-object GET bodies the S3 store verifies (``checksums.body_checksum``); a
+    body that fails is retried like a short one, then the read fails (NFS3ERR_IO), never
+    served. Ranged reads of part of an object are not verifiable (docs/reliability.md). Costs
+    per 110 kB GET against ~230 µs of CPU without (``benchmarks/s3_checksum_cpu.py``,
     docs/benchmarks.md):
 
     - ``stored``: ask for the checksums the store keeps (``x-amz-checksum-mode: ENABLED``)
-      and verify a full-object CRC32 (+17 µs, +1 to +9 %), SHA-1 or SHA-256 (~+60 µs); and
-      send a CRC32 with every single-request upload, so what nfsgw writes is checked by the
-      store on the way in and by nfsgw on every whole-object read after. On by default.
+      and verify a full-object CRC64NVME, CRC32C or CRC32 (+~8 µs each with the compiled
+      CRCs, ``gateway._checksums``), SHA-1 or SHA-256 (~+60 µs); and send a CRC32 with every
+      single-request upload, so what nfsgw writes is checked by the store on the way in and
+      by nfsgw on every whole-object read after. On by default. Without the compiled CRCs
+      (not built, or ``NFSGW_PURE_PYTHON=1``) CRC32C and CRC64NVME are left to
+      ``python_crcs``.
     - ``md5``: a single-part object's MD5 ETag when no stored checksum came (+140 µs, +49
       to +63 %: more than the few percent a default may cost). Off by default.
-    - ``crc32c``: a stored CRC32C when it is the only checksum: ours is computed in Python,
-      ~7 ms per 110 kB (17x the GET). Off by default."""
+    - ``python_crcs`` (key ``verify_crc32c``, its name from when CRC32C was the only slow
+      one): a stored CRC32C or CRC64NVME also when it costs milliseconds (computed in Python,
+      ~7 ms per 110 kB, in a thread: the compiled CRCs missing) or with ``stored`` off.
+      Off by default."""
 
     stored: bool = field(
         default=True,
         metadata=setting(
             boolean,
-            "verify whole-object reads against the CRC32/SHA-1/SHA-256 the store keeps; "
-            "send a CRC32 with uploads",
+            "verify whole-object reads against the CRC64NVME/CRC32C/CRC32/SHA-1/SHA-256 the "
+            "store keeps; send a CRC32 with uploads",
             key="verify_checksums",
         ),
     )
@@ -74,11 +79,12 @@ class ChecksumPolicy:
             key="verify_md5",
         ),
     )
-    crc32c: bool = field(
+    python_crcs: bool = field(
         default=False,
         metadata=setting(
             boolean,
-            "verify whole-object reads against a stored CRC32C (slow: computed in Python)",
+            "verify against a stored CRC32C/CRC64NVME also without the compiled CRCs "
+            "(then computed in Python: ~7 ms per 110 kB) or with verify_checksums off",
             key="verify_crc32c",
         ),
     )

@@ -21,13 +21,15 @@ reports ``"checksum_mismatch"``, retried or not.
 Every byte verified (``ChecksumPolicy``): a GET whose body is the whole object (no range, a
 range the server ignored, or a range that covers the object) is checked against the
 cheapest full-object checksum its reply carries and the policy allows
-(``s3wire.body_checksum``: a stored CRC32/SHA-1/SHA-256; optionally a single-part object's
-MD5 ETag, a stored CRC32C). A mismatch is logged and retried like a short body; when the
-retries run out the GET fails with ``ChecksumMismatch`` (NFS3ERR_IO). A body of part of an
-object has nothing to be checked against and is not. Single-request PUTs carry a CRC32
+(``checksums.body_checksum``: a stored CRC64NVME/CRC32C/CRC32/SHA-1/SHA-256, also a COMPOSITE
+one of a one-part upload; optionally a single-part object's MD5 ETag). A mismatch is logged
+and retried like a short body; when the retries run out the GET fails with
+``ChecksumMismatch`` (NFS3ERR_IO). A body of part of an object has nothing to be checked
+against and is not. Single-request PUTs carry a CRC32
 (``x-amz-checksum-crc32``), so objects nfsgw writes are verifiable. Hashing runs on the loop
-below ``_HASH_OFF_LOOP_BYTES`` (CRC32 of a 110 kB body: ~17 µs, docs/benchmarks.md), in a
-thread above it (hashlib and zlib release the GIL); CRC32C (Python) always in a thread.
+below ``_HASH_OFF_LOOP_BYTES`` (a compiled CRC of a 110 kB body: ~8 µs, docs/benchmarks.md), in
+a thread above it (hashlib, zlib and ``gateway._checksums`` release the GIL); the Python
+CRC32C/CRC64NVME (without the compiled ones) always in a thread.
 """
 
 from __future__ import annotations
@@ -56,15 +58,13 @@ from gateway.backend.base import (
     PreconditionFailed,
     RequestObserver,
 )
+from gateway.backend.checksums import PYTHON_CRCS, Checksum, body_checksum, digest, fast_crcs
 from gateway.backend.config import AddressingStyle, ChecksumPolicy, RetryPolicy
 from gateway.backend.credentials import CredentialCache, resolve_region
 from gateway.backend.s3wire import (
-    Checksum,
     MalformedReply,
-    body_checksum,
     child_text,
     complete_multipart_body,
-    digest,
     embedded_error,
     http_date_ns,
     metadata_headers,
@@ -391,10 +391,11 @@ class S3Store:
     async def _verify(self, key: str, data: bytes, c: Checksum) -> None:
         """Raise ``_BadChecksum`` unless ``data`` hashes to ``c`` (logged: a body of the right
         length with wrong bytes is a store or network fault worth seeing)."""
-        if c.algorithm == "crc32c":  # Python, ~60 ns a byte: never on the loop
-            got = await asyncio.to_thread(digest, c.algorithm, data)
+        slow = c.algorithm in PYTHON_CRCS and not fast_crcs()  # Python, ~60 ns a byte
+        if slow or len(data) > _HASH_OFF_LOOP_BYTES:
+            got = await asyncio.to_thread(c.compute, data)
         else:
-            got = await self._off_loop_if_big(digest, c.algorithm, data)
+            got = c.compute(data)
         if got != c.expected:
             log.warning(
                 "s3_checksum_mismatch",
@@ -492,7 +493,7 @@ class S3Store:
             headers["range"] = f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
         if if_match is not None:
             headers["if-match"] = f'"{if_match}"'
-        if self.checksums.stored or self.checksums.crc32c:
+        if self.checksums.stored or self.checksums.python_crcs:
             headers["x-amz-checksum-mode"] = "ENABLED"
 
         async def handle(resp: aiohttp.ClientResponse) -> GetResult:
@@ -521,9 +522,9 @@ class S3Store:
                 size = len(data)
                 whole = True
             policy = self.checksums
-            if whole and (policy.stored or policy.md5 or policy.crc32c):
+            if whole and (policy.stored or policy.md5 or policy.python_crcs):
                 c = body_checksum(
-                    h, etag, stored=policy.stored, md5=policy.md5, crc32c=policy.crc32c
+                    h, etag, stored=policy.stored, md5=policy.md5, python_crcs=policy.python_crcs
                 )
                 if c is not None:
                     await self._verify(key, data, c)

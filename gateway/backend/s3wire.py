@@ -10,22 +10,15 @@ does that).
 ``parse_list`` is the hot one: a LIST page costs the gateway about 6 ms of CPU per 1,000
 keys, most of it here (``benchmarks/s3_client_cpu.py`` measures the share).
 
-Body checksums (``body_checksum``, ``digest``): which full-object checksum a GET reply lets
-us verify its body against, and computing it. Must not decide when to verify (``s3.py``).
+Body checksums (which one a GET reply carries, computing it) are ``checksums.py``'s.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import calendar
 import email.utils
-import hashlib
-import re
 import xml.etree.ElementTree as ET
-import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Final
@@ -272,101 +265,3 @@ def parse_unsatisfied_range(value: str) -> int:
         return int(total)
     except ValueError:
         return 0
-
-
-# ---------------------------------------------------------------------- body checksums
-
-# Full-object checksums a GET with ``x-amz-checksum-mode: ENABLED`` may carry, cheapest first
-# (measured on a 110 kB body, docs/benchmarks.md: CRC32 ~17 µs, SHA-1 ~56 µs, SHA-256 ~60 µs
-# with SHA-NI, MD5 ~140 µs, CRC32C ~7 ms: the standard library has no CRC32C, ours is a
-# table in Python). CRC64NVME (AWS's default since 2025) has no implementation here: an
-# object that carries only it is verified by its MD5 ETag when that is on, else not at all.
-STORED_CHECKSUMS: Final = ("crc32", "sha1", "sha256")
-_PLAIN_MD5 = re.compile(r"^[0-9a-fA-F]{32}$")
-
-
-@dataclass(frozen=True, slots=True)
-class Checksum:
-    """What a whole object's bytes must hash to: ``algorithm`` is one of ``crc32``,
-    ``sha1``, ``sha256``, ``crc32c`` (a stored checksum, ``expected`` decoded from base64) or
-    ``md5`` (a single-part object's ETag)."""
-
-    algorithm: str
-    expected: bytes
-
-
-def _stored(headers: Mapping[str, str], algorithm: str) -> Checksum | None:
-    value = headers.get("x-amz-checksum-" + algorithm)
-    if not value or "-" in value:  # "<base64>-<parts>": a checksum of part checksums
-        return None
-    try:
-        return Checksum(algorithm, base64.b64decode(value, validate=True))
-    except (binascii.Error, ValueError):
-        return None
-
-
-def body_checksum(
-    headers: Mapping[str, str],
-    etag: str,
-    *,
-    stored: bool,
-    md5: bool = False,
-    crc32c: bool = False,
-) -> Checksum | None:
-    """The cheapest checksum a whole-object body can be verified against, or None.
-
-    ``stored``: the CRC32, SHA-1 or SHA-256 the store keeps for the whole object (not
-    COMPOSITE ones: those are of the parts' checksums and say nothing checkable about a
-    whole-object read). ``md5``: the ETag, when it is a plain MD5 (32 hex digits: a
-    single-part upload; multipart ETags end in ``-<parts>``) and the object is not encrypted
-    with SSE-KMS or SSE-C (their ETags are not the MD5 of the data). ``crc32c``: a stored
-    CRC32C, the last resort (computed in Python)."""
-    full = headers.get("x-amz-checksum-type", "").upper() != "COMPOSITE"
-    if stored and full:
-        for algorithm in STORED_CHECKSUMS:
-            if (c := _stored(headers, algorithm)) is not None:
-                return c
-    if (
-        md5
-        and _PLAIN_MD5.match(etag)
-        and not headers.get("x-amz-server-side-encryption", "").startswith("aws:kms")
-        and "x-amz-server-side-encryption-customer-algorithm" not in headers
-    ):
-        return Checksum("md5", bytes.fromhex(etag))
-    if crc32c and full:
-        return _stored(headers, "crc32c")
-    return None
-
-
-def digest(algorithm: str, data: bytes) -> bytes:
-    """``data``'s checksum in the form S3 sends it (big-endian CRCs, raw hash digests)."""
-    if algorithm == "crc32":
-        return zlib.crc32(data).to_bytes(4, "big")
-    if algorithm == "crc32c":
-        return crc32c_of(data).to_bytes(4, "big")
-    if algorithm == "md5":
-        return hashlib.md5(data, usedforsecurity=False).digest()
-    return hashlib.new(algorithm, data).digest()
-
-
-def _crc_table(poly: int) -> tuple[int, ...]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ poly if c & 1 else c >> 1
-        table.append(c)
-    return tuple(table)
-
-
-_CRC32C_TABLE: Final = _crc_table(0x82F63B78)  # Castagnoli, reflected (RFC 3720 B.4)
-
-
-def crc32c_of(data: bytes, crc: int = 0) -> int:
-    """CRC-32C (Castagnoli), byte at a time from a table: ~60 ns per byte, 200x slower than
-    zlib's CRC32; only for objects whose only full-object checksum is CRC32C."""
-    crc ^= 0xFFFFFFFF
-    table = _CRC32C_TABLE
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF

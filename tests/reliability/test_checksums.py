@@ -1,9 +1,10 @@
 """Every byte verified (issue 14 part 3), against SeaweedFS through a proxy that inverts one bit
 of a GET body and keeps its length (``tests.faultproxy`` fault ``flip-bit``).
 
-- The store (``S3Store``): for objects stored with a CRC32, SHA-1 or SHA-256 checksum
-  (the default policy), a CRC32C one (``verify_crc32c``) and a single-part object verified by
-  its MD5 ETag (``verify_md5``), each with the other sources off so the one under test is
+- The store (``S3Store``): for objects stored with a CRC32, CRC32C, CRC64NVME, SHA-1 or
+  SHA-256 checksum (the default policy; CRC32C and CRC64NVME with the compiled CRCs, else
+  ``verify_crc32c``) and a single-part object verified by its MD5 ETag (``verify_md5``), each
+  with the other sources off so the one under test is
   what catches it: one corrupted body is retried and the right bytes come back; bodies
   corrupted on every attempt end in ``ChecksumMismatch``, never in bytes. Every mismatch is
   counted (observer outcome ``checksum_mismatch``). A range that covers the whole object is
@@ -29,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.backend.checksums import digest
 from gateway.backend.config import ChecksumPolicy, RetryPolicy
 from gateway.backend.s3 import ChecksumMismatch, S3Store
-from gateway.backend.s3wire import crc32c_of
 from gateway.backend.sigv4 import Credentials, encode_path
 from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
@@ -54,9 +55,7 @@ def _b64(raw: bytes) -> str:
 def _stored_checksum(algorithm: str, body: bytes) -> str:
     if algorithm == "crc32":
         return _b64(zlib.crc32(body).to_bytes(4, "big"))
-    if algorithm == "crc32c":
-        return _b64(crc32c_of(body).to_bytes(4, "big"))
-    return _b64(hashlib.new(algorithm, body).digest())
+    return _b64(digest(algorithm, body))
 
 
 def put_object(
@@ -89,6 +88,7 @@ OBJECTS = {
     "plain.bin": None,
     "crc32.bin": "crc32",
     "crc32c.bin": "crc32c",
+    "crc64nvme.bin": "crc64nvme",
     "sha1.bin": "sha1",
     "sha256.bin": "sha256",
 }
@@ -138,11 +138,7 @@ async def test_a_corrupted_body_is_retried_then_refused(
 ) -> None:
     body = objects[key]
     algorithm = OBJECTS[key]
-    policy = ChecksumPolicy(
-        stored=algorithm not in (None, "crc32c"),
-        md5=algorithm is None,
-        crc32c=algorithm == "crc32c",
-    )
+    policy = ChecksumPolicy(stored=algorithm is not None, md5=algorithm is None)
     seen = Outcomes()
     store = store_via(proxy, seaweed, s3_bucket, policy, seen)
     try:

@@ -1,7 +1,8 @@
 """Which checksum a GET reply lets the S3 store verify a whole-object body against
-(``s3wire.body_checksum``), and the digests themselves (``s3wire.digest``, ``crc32c_of``) against
-published check values. The store over a real server and a corrupting proxy is in
-tests/reliability/test_checksums.py."""
+(``checksums.body_checksum``), and that each one catches a flipped bit (``Checksum.compute``);
+with the compiled CRCs and without them (``compiled`` patched to None: the Python twins). The
+CRCs' values are test_checksums.py's; the store over a real server and a corrupting proxy is
+in tests/reliability/test_checksums.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import zlib
 
 import pytest
 
-from gateway.backend.s3wire import Checksum, body_checksum, crc32c_of, digest
+from gateway.backend import checksums
+from gateway.backend.checksums import Checksum, body_checksum, digest, py_crc32c, py_crc64nvme
 
 BODY = os.urandom(5000)
 MD5_ETAG = hashlib.md5(BODY).hexdigest()
@@ -25,58 +27,95 @@ def b64(raw: bytes) -> str:
 CRC32 = b64(zlib.crc32(BODY).to_bytes(4, "big"))
 SHA256 = b64(hashlib.sha256(BODY).digest())
 SHA1 = b64(hashlib.sha1(BODY).digest())
-CRC32C = b64(crc32c_of(BODY).to_bytes(4, "big"))
+CRC32C = b64(py_crc32c(BODY).to_bytes(4, "big"))
+CRC64NVME = b64(py_crc64nvme(BODY).to_bytes(8, "big"))
+STORED = {
+    "crc32": CRC32,
+    "crc32c": CRC32C,
+    "crc64nvme": CRC64NVME,
+    "sha1": SHA1,
+    "sha256": SHA256,
+}
 
 
-def algorithm_of(headers: dict[str, str], etag: str, *, md5: bool) -> str | None:
-    c = body_checksum(headers, etag, stored=True, md5=md5, crc32c=True)
+@pytest.fixture(params=["compiled", "python"])
+def twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "python":
+        monkeypatch.setattr(checksums, "compiled", lambda: None)
+    elif checksums.compiled() is None:
+        pytest.skip("gateway._checksums is not built")
+    return str(request.param)
+
+
+@pytest.fixture
+def compiled() -> None:
+    if checksums.compiled() is None:
+        pytest.skip("gateway._checksums is not built")
+
+
+@pytest.fixture
+def python_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checksums, "compiled", lambda: None)
+
+
+def algorithm_of(
+    headers: dict[str, str], etag: str, *, md5: bool, python_crcs: bool = False
+) -> str | None:
+    c = body_checksum(headers, etag, stored=True, md5=md5, python_crcs=python_crcs)
     return None if c is None else c.algorithm
 
 
-def test_crc32c_check_values() -> None:
-    # RFC 3720 B.4 and the CRC catalogue's check value ("123456789" -> 0xE3069283).
-    assert crc32c_of(b"123456789") == 0xE3069283
-    assert crc32c_of(bytes(32)) == 0x8A9136AA
-    assert crc32c_of(b"\xff" * 32) == 0x62A8AB43
-    assert crc32c_of(bytes(range(32))) == 0x46DD794E
-    assert crc32c_of(b"") == 0
-    # incremental use gives the same result
-    assert crc32c_of(b"6789", crc32c_of(b"12345")) == 0xE3069283
+def flipped(data: bytes, at: int = 1234) -> bytes:
+    bad = bytearray(data)
+    bad[at] ^= 0x10
+    return bytes(bad)
 
 
-@pytest.mark.parametrize("algorithm", ["crc32", "crc32c", "sha1", "sha256", "md5"])
+@pytest.mark.parametrize("algorithm", ["crc32", "crc32c", "crc64nvme", "sha1", "sha256", "md5"])
 def test_a_body_verifies_against_its_own_digest_and_not_with_one_bit_flipped(
-    algorithm: str,
+    twin: str, algorithm: str
 ) -> None:
-    stored = {"crc32": CRC32, "crc32c": CRC32C, "sha1": SHA1, "sha256": SHA256}
-    headers = {f"x-amz-checksum-{algorithm}": stored[algorithm]} if algorithm in stored else {}
-    c = body_checksum(headers, MD5_ETAG, stored=True, md5=algorithm == "md5", crc32c=True)
+    headers = {f"x-amz-checksum-{algorithm}": STORED[algorithm]} if algorithm in STORED else {}
+    c = body_checksum(headers, MD5_ETAG, stored=True, md5=algorithm == "md5", python_crcs=True)
     assert c is not None and c.algorithm == algorithm
-    assert digest(algorithm, BODY) == c.expected
-    bad = bytearray(BODY)
-    bad[1234] ^= 0x10
-    assert digest(algorithm, bytes(bad)) != c.expected
+    assert digest(algorithm, BODY) == c.expected == c.compute(BODY)
+    assert c.compute(flipped(BODY)) != c.expected
+    assert c.compute(memoryview(BODY)) == c.expected
 
 
-def test_the_cheapest_stored_checksum_wins_and_md5_comes_before_crc32c() -> None:
-    every = {
-        "x-amz-checksum-crc32c": CRC32C,
-        "x-amz-checksum-sha256": SHA256,
-        "x-amz-checksum-sha1": SHA1,
-        "x-amz-checksum-crc32": CRC32,
-    }
-    assert body_checksum(every, MD5_ETAG, stored=True, md5=True, crc32c=True) == Checksum(
-        "crc32", base64.b64decode(CRC32)
+def test_the_cheapest_stored_checksum_wins(compiled: None) -> None:
+    """The compiled CRCs cost the same (~8 µs per 110 kB): the widest first, then the hashes."""
+    every = {f"x-amz-checksum-{a}": v for a, v in STORED.items()}
+    assert body_checksum(every, MD5_ETAG, stored=True, md5=True) == Checksum(
+        "crc64nvme", base64.b64decode(CRC64NVME)
     )
+    del every["x-amz-checksum-crc64nvme"]
+    assert algorithm_of(every, MD5_ETAG, md5=True) == "crc32c"
+    del every["x-amz-checksum-crc32c"]
+    assert algorithm_of(every, MD5_ETAG, md5=True) == "crc32"
     sha_and_c = {"x-amz-checksum-sha256": SHA256, "x-amz-checksum-crc32c": CRC32C}
-    assert algorithm_of(sha_and_c, MD5_ETAG, md5=True) == "sha256"
-    only_c = {"x-amz-checksum-crc32c": CRC32C}
-    assert algorithm_of(only_c, MD5_ETAG, md5=True) == "md5"
-    assert algorithm_of(only_c, MD5_ETAG, md5=False) == "crc32c"
-    assert algorithm_of(only_c, "abc-2", md5=True) == "crc32c"
+    assert algorithm_of(sha_and_c, MD5_ETAG, md5=True) == "crc32c"
+    only_nvme = {"x-amz-checksum-crc64nvme": CRC64NVME}
+    assert algorithm_of(only_nvme, MD5_ETAG, md5=True) == "crc64nvme"
+    assert algorithm_of(only_nvme, "abc-2", md5=False) == "crc64nvme"
 
 
-def test_settings_turn_each_source_off() -> None:
+def test_without_the_compiled_crcs_python_ones_are_the_opt_in_last_resort(
+    python_only: None,
+) -> None:
+    every = {f"x-amz-checksum-{a}": v for a, v in STORED.items()}
+    assert algorithm_of(every, MD5_ETAG, md5=True, python_crcs=True) == "crc32"
+    sha_and_c = {"x-amz-checksum-sha256": SHA256, "x-amz-checksum-crc32c": CRC32C}
+    assert algorithm_of(sha_and_c, MD5_ETAG, md5=True, python_crcs=True) == "sha256"
+    for algorithm in ("crc32c", "crc64nvme"):
+        only = {f"x-amz-checksum-{algorithm}": STORED[algorithm]}
+        assert algorithm_of(only, MD5_ETAG, md5=True) == "md5"
+        assert algorithm_of(only, "abc-2", md5=True) is None
+        assert algorithm_of(only, "abc-2", md5=True, python_crcs=True) == algorithm
+        assert algorithm_of(only, MD5_ETAG, md5=True, python_crcs=True) == "md5"
+
+
+def test_settings_turn_each_source_off(twin: str) -> None:
     h = {"x-amz-checksum-crc32": CRC32}
     assert body_checksum(h, MD5_ETAG, stored=False, md5=False) is None
     assert body_checksum(h, MD5_ETAG, stored=False, md5=True) == Checksum(
@@ -84,10 +123,26 @@ def test_settings_turn_each_source_off() -> None:
     )
     assert body_checksum({}, MD5_ETAG, stored=True, md5=False) is None
     only_c = {"x-amz-checksum-crc32c": CRC32C}
-    assert body_checksum(only_c, "abc-2", stored=True, md5=True, crc32c=False) is None
-    assert body_checksum(only_c, "abc-2", stored=False, md5=False, crc32c=True) == Checksum(
+    assert body_checksum(only_c, "abc-2", stored=False, md5=True) is None
+    # verify_crc32c (python_crcs) on its own, as before: a stored CRC32C is verified
+    assert body_checksum(only_c, "abc-2", stored=False, md5=False, python_crcs=True) == Checksum(
         "crc32c", base64.b64decode(CRC32C)
     )
+
+
+def test_a_composite_checksum_of_one_part_is_the_checksum_of_the_bodys(twin: str) -> None:
+    """A one-part multipart upload: S3's COMPOSITE value is the checksum of the part's binary
+    checksum, ``-1``; verified from the body alone."""
+    for algorithm in ("crc32", "crc32c", "crc64nvme", "sha1", "sha256"):
+        inner = digest(algorithm, BODY)
+        value = b64(digest(algorithm, inner)) + "-1"
+        h = {f"x-amz-checksum-{algorithm}": value, "x-amz-checksum-type": "COMPOSITE"}
+        c = body_checksum(h, "abc-1", stored=True, python_crcs=True)
+        assert c == Checksum(algorithm, digest(algorithm, inner), of_one_part=True)
+        assert c.compute(BODY) == c.expected
+        assert c.compute(flipped(BODY)) != c.expected
+        # the whole-body value is not mistaken for it
+        assert c.compute(BODY) != inner
 
 
 @pytest.mark.parametrize(
@@ -102,11 +157,13 @@ def test_settings_turn_each_source_off() -> None:
         ({"x-amz-checksum-crc32": "AAAAAA==-4"}, "abc-4"),  # composite of 4 parts
         ({"x-amz-checksum-crc32": CRC32, "x-amz-checksum-type": "COMPOSITE"}, "abc-4"),
         ({"x-amz-checksum-crc32": "not base64!"}, "abc-4"),
-        ({"x-amz-checksum-crc64nvme": "AAAAAAAAAAA="}, "abc-4"),  # no implementation here
+        ({"x-amz-checksum-crc64nvme": "AAAAAAAAAAA=-3"}, "abc-3"),  # composite of 3 parts
+        ({"x-amz-checksum-crc32c": "AAAAAA==-2", "x-amz-checksum-type": "COMPOSITE"}, "abc-2"),
+        ({"x-amz-checksum-crc32c": "AAAAAA==-x"}, "abc-2"),
     ],
 )
-def test_nothing_to_verify_against(headers: dict[str, str], etag: str) -> None:
-    assert body_checksum(headers, etag, stored=True, md5=True, crc32c=True) is None
+def test_nothing_to_verify_against(twin: str, headers: dict[str, str], etag: str) -> None:
+    assert body_checksum(headers, etag, stored=True, md5=True, python_crcs=True) is None
 
 
 def test_sse_s3_objects_keep_their_md5_etag() -> None:
@@ -116,8 +173,12 @@ def test_sse_s3_objects_keep_their_md5_etag() -> None:
     )
 
 
-def test_a_full_object_checksum_of_a_multipart_object_is_used() -> None:
-    h = {"x-amz-checksum-crc32": CRC32, "x-amz-checksum-type": "FULL_OBJECT"}
-    assert body_checksum(h, "abc-4", stored=True, md5=True) == Checksum(
-        "crc32", base64.b64decode(CRC32)
-    )
+@pytest.mark.parametrize("algorithm", ["crc32", "crc32c", "crc64nvme"])
+def test_a_full_object_checksum_of_a_multipart_object_is_used(twin: str, algorithm: str) -> None:
+    """FULL_OBJECT CRCs of multipart objects (S3's default for uploads without a checksum:
+    CRC64NVME) are plain whole-body CRCs."""
+    h = {f"x-amz-checksum-{algorithm}": STORED[algorithm], "x-amz-checksum-type": "FULL_OBJECT"}
+    c = body_checksum(h, "abc-4", stored=True, md5=True, python_crcs=True)
+    assert c == Checksum(algorithm, base64.b64decode(STORED[algorithm]))
+    assert c.compute(BODY) == c.expected
+    assert c.compute(flipped(BODY, 4999)) != c.expected
