@@ -27,9 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.backend import s3 as s3_module
+from gateway.backend.checksums import py_crc32c
 from gateway.backend.config import ChecksumPolicy
 from gateway.backend.s3 import S3Store
-from gateway.backend.checksums import py_crc32c
 from gateway.backend.sigv4 import Credentials, SigV4Signer
 from loadgen.seaweed import SeaweedServer
 
