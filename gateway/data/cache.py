@@ -98,6 +98,7 @@ transport's in-flight cap).
 
 from __future__ import annotations
 
+import mmap
 from collections import OrderedDict
 from typing import Final
 
@@ -126,7 +127,7 @@ _SPENT: Final = 4
 _UNVISITED: Final = -1
 
 
-_Entry = tuple[bytes, int, int, int, bool, bool]
+_Entry = tuple[bytes | memoryview, int, int, int, bool, bool]
 """An entry: a plain tuple of untracked values, so the garbage collector stops following it
 after its first young collection (a class instance stays tracked: 200,000 cached files made
 every full collection take ~0.2 s longer). Replaced whole when its segment or mark changes."""
@@ -154,6 +155,11 @@ def _moved(e: _Entry, seg: int) -> _Entry:
     return (e[0], e[1], seg, e[3], e[4], e[5])
 
 
+def is_mapping(data: bytes | memoryview) -> bool:
+    """Whether ``data`` is (a slice of) a file mapping: a shared disk-tier entry's pages."""
+    return type(data) is memoryview and type(data.obj) is mmap.mmap
+
+
 class DataCache:
     """Byte-budgeted block cache. Synchronous; called only from the event loop."""
 
@@ -165,13 +171,16 @@ class DataCache:
         window_fraction: float = 0.01,
         prefetch_fraction: float = 0.25,
         expected_entry_bytes: int = 128 * 1024,
+        shared_by: int = 1,
     ) -> None:
-        if budget_bytes < 0:
-            raise ValueError("budget_bytes must be >= 0")
+        if budget_bytes < 0 or shared_by < 1:
+            raise ValueError("budget_bytes must be >= 0, shared_by >= 1")
         if not 0.0 < window_fraction < 1.0 or not 0.0 <= prefetch_fraction < 1.0:
             raise ValueError("window_fraction must be in (0, 1), prefetch_fraction in [0, 1)")
         self.stats = stats if stats is not None else DataStats()
         self._budget = budget_bytes
+        self._shared_by = shared_by
+        self._mapped = 0  # body bytes of entries that are mappings
         self._window_share = int(budget_bytes * window_fraction)
         self._window_target = self._window_share
         self._prefetch_cap = int(budget_bytes * prefetch_fraction)
@@ -235,7 +244,7 @@ class DataCache:
 
     # -- the hot path --------------------------------------------------------------------
 
-    def lookup(self, bkey: BlockKey) -> bytes | None:
+    def lookup(self, bkey: BlockKey) -> bytes | memoryview | None:
         """The cached bytes of ``bkey`` as one READ uses them (updates recency and visits)."""
         e = self._entries.get(bkey)
         if e is None:
@@ -283,7 +292,7 @@ class DataCache:
     def insert(
         self,
         bkey: BlockKey,
-        data: bytes,
+        data: bytes | memoryview,
         *,
         prefetched: bool = False,
         on_disk: bool = False,
@@ -297,7 +306,7 @@ class DataCache:
         ``room_for`` finds room (nothing but spent entries is evicted for it)."""
         if bkey in self._entries:
             return False
-        charge = len(data) + ENTRY_OVERHEAD
+        charge = self.charge_of(data)
         if charge > self._budget or (prefetched and charge > self._prefetch_cap):
             self.stats.uncacheable += 1
             return False
@@ -316,6 +325,8 @@ class DataCache:
             self._window[bkey] = e
             self._window_bytes += charge
         self._entries[bkey] = e
+        if is_mapping(data):
+            self._mapped += len(data)
         obj = (bkey[0], bkey[1])
         keys = self._by_object.get(obj)
         if keys is None:
@@ -329,6 +340,46 @@ class DataCache:
             while self._prefetch_bytes > self._prefetch_cap:
                 self._demote_oldest_prefetch()
         self._rebalance()
+        self._update_gauges()
+        return True
+
+    def charge_of(self, data: bytes | memoryview) -> int:
+        """What ``data`` costs the budget: its length plus ``ENTRY_OVERHEAD``; a mapping of a
+        shared disk-tier entry (``is_mapping``) its share of the pages, ``len / shared_by``:
+        the worker processes that may map it hold one copy between them (module docstring,
+        "Several workers")."""
+        if is_mapping(data):
+            return len(data) // self._shared_by + ENTRY_OVERHEAD
+        return len(data) + ENTRY_OVERHEAD
+
+    def swap(self, bkey: BlockKey, old: bytes | memoryview, new: memoryview) -> bool:
+        """Replace the body of ``bkey`` by ``new``, the same bytes as a mapping of the shared
+        disk tier's entry, if ``bkey`` still holds ``old`` (not evicted or replaced since):
+        the private copy is freed, and the entry keeps its place, visits and segment."""
+        e = self._entries.get(bkey)
+        if e is None or e[_DATA] is not old or len(new) != len(old):
+            return False
+        charge = self.charge_of(new)
+        seg = e[_SEG]
+        d = charge - e[_CHARGE]
+        ne = (new, charge, seg, e[_MARK], True, e[_WHOLE])
+        self._entries[bkey] = ne
+        if seg == _WINDOW:
+            self._window[bkey] = ne
+            self._window_bytes += d
+        elif seg == _MAIN:
+            self._main[bkey] = ne
+            self._main_bytes += d
+        elif seg == _PREFETCH:
+            self._prefetch[bkey] = ne
+            self._prefetch_bytes += d
+        elif seg == _AHEAD:
+            self._ahead[bkey] = ne
+            self._ahead_bytes += d
+        else:
+            self._spent[bkey] = ne
+            self._spent_bytes += d
+        self._mapped += len(new) - (len(old) if is_mapping(old) else 0)
         self._update_gauges()
         return True
 
@@ -456,6 +507,8 @@ class DataCache:
         """``e`` has already left its segment: drop it from the indexes (an eviction)."""
         del self._entries[k]
         self._unindex(k)
+        if is_mapping(e[_DATA]):
+            self._mapped -= len(e[_DATA])
         self.stats.evictions += 1
         if e[_MARK] == _UNVISITED:
             if e[_SEG] == _AHEAD:
@@ -481,11 +534,14 @@ class DataCache:
     def _update_gauges(self) -> None:
         self.stats.cache_bytes = self.used_bytes
         self.stats.entries = len(self._entries)
+        self.stats.mapped_bytes = self._mapped
 
     # -- invalidation --------------------------------------------------------------------
 
     def _drop(self, k: BlockKey) -> None:
         e = self._entries.pop(k)
+        if is_mapping(e[_DATA]):
+            self._mapped -= len(e[_DATA])
         seg = e[_SEG]
         if seg == _WINDOW:
             del self._window[k]
@@ -530,5 +586,6 @@ class DataCache:
         self._spent.clear()
         self._window_bytes = self._main_bytes = self._prefetch_bytes = 0
         self._ahead_bytes = self._spent_bytes = 0
+        self._mapped = 0
         self._sketch = FrequencySketch(self._sketch.capacity)
         self._update_gauges()

@@ -49,6 +49,9 @@ class DiskConfig:
     candidates); a scan that took ``t`` seconds waits at least ``20 t`` for the next one."""
     touch_interval_s: float = 10.0
     """Hits are written to the entries' mtimes (the shared access clock) in batches."""
+    claim_wait_s: float = 30.0
+    """Longest a fetch waits for another worker's fetch of the same entry before it fetches
+    itself (a worker stuck on a backend that never answers must not stall the others)."""
 
     def __post_init__(self) -> None:
         if self.threads < 1 or self.max_pending_write_bytes < 0:

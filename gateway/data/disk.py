@@ -82,6 +82,7 @@ import itertools
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
@@ -94,7 +95,15 @@ from gateway.data.diskfile import DiskKey, disk_key
 from gateway.data.sketch import FrequencySketch
 from gateway.data.stats import DiskStats
 
-__all__ = ["DiskKey", "DiskStore", "disk_key", "open_disk_tier", "resolve_cache_dir"]
+__all__ = [
+    "Claim",
+    "DiskKey",
+    "DiskStore",
+    "disk_key",
+    "open_disk_tier",
+    "resolve_cache_dir",
+    "usable",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -105,29 +114,66 @@ RESCAN_WRITTEN_SHARE: Final = 0.02  # of the budget written by this process sinc
 MAX_CANDIDATES: Final = 65_536  # oldest entries a scan keeps as eviction candidates
 MAX_TOUCHED: Final = 65_536  # hits waiting for their mtime update
 ERROR_BACKOFF_S: Final = 10.0
+CLAIM_POLL_S: Final = (0.001, 0.02)  # first and longest pause between claim attempts
 
 
-def resolve_cache_dir(configured: Path | None) -> Path | None:
+def resolve_cache_dir(configured: Path | None, state_dir: Path) -> Path:
     """The disk tier's directory: ``server.cache_dir`` when set; else the directory systemd
     made for the unit (``CacheDirectory=nfsgw`` sets ``$CACHE_DIRECTORY``, /var/cache/nfsgw);
-    else None: memory only. Nothing else is assumed, so test runs and ad-hoc gateways never
-    share (and never fill) a system-wide cache behind the operator's back."""
+    else ``cache`` under the state directory. Every configuration has one: it is the host's
+    one data cache, shared by the worker processes (``cache.disk = 0`` turns it off)."""
     if configured is not None:
         return configured
     env = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
-    return Path(env) if env.startswith("/") else None
+    return Path(env) if env.startswith("/") else state_dir / "cache"
 
 
 async def open_disk_tier(
-    configured: Path | None, config: DiskConfig, stats: DiskStats
+    configured: Path | None,
+    state_dir: Path,
+    config: DiskConfig,
+    stats: DiskStats,
+    *,
+    shared: bool = False,
 ) -> DiskStore | None:
-    """The composition root's call: the tier under ``resolve_cache_dir(configured)``, or None
-    (memory only, logged once with the reason)."""
-    cache_dir = resolve_cache_dir(configured)
-    if cache_dir is None:
-        log.info("disk_cache_off", reason="no cache directory (server.cache_dir, --cache-dir)")
-        return None
-    return await DiskStore.open(cache_dir, config, stats)
+    """The composition root's call: the tier under ``resolve_cache_dir(...)``, or None
+    (memory only, logged once with the reason). ``shared``: several worker processes use it
+    (bodies served as mappings, fetches claimed: ``DiskStore``)."""
+    cache_dir = resolve_cache_dir(configured, state_dir)
+    return await DiskStore.open(cache_dir, config, stats, shared=shared)
+
+
+def usable(cache_dir: Path, config: DiskConfig) -> str:
+    """Why a tier under ``cache_dir`` could not be opened ("" when it can): the supervisor's
+    check before it starts workers that would share it. Blocking: call it off the loop."""
+    if config.budget == 0:
+        return "cache.disk is 0"
+    try:
+        files.prepare(cache_dir)
+    except OSError as e:
+        return f"{cache_dir}: {type(e).__name__}: {e}"
+    return ""
+
+
+class Claim:
+    """The right to fetch one entry among the processes sharing the tier (``claim``): held
+    until ``release``; ``present`` when the entry turned up instead (read it)."""
+
+    __slots__ = ("fd", "present")
+
+    def __init__(self, fd: int, present: bool) -> None:
+        self.fd = fd
+        self.present = present
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # drops the flock; a lock file has no data to flush
+            self.fd = -1
+
+
+_NO_CLAIM: Final = Claim(-1, False)
+_FAILED: Final = -1  # a write that raised (counted and logged)
+_STORED: Final = {files.WRITTEN: "written", files.PRESENT: "present", files.FULL: "refused"}
 
 
 class DiskStore:
@@ -142,8 +188,11 @@ class DiskStore:
         config: DiskConfig,
         stats: DiskStats,
         executor: ThreadPoolExecutor,
+        shared: bool = False,
     ) -> None:
         self.root = root
+        self.shared = shared
+        """Several processes use the tier: bodies are mappings, fetches are claimed."""
         self.config = config
         self.stats = stats
         self._budget = budget
@@ -169,7 +218,12 @@ class DiskStore:
 
     @classmethod
     async def open(
-        cls, cache_dir: Path, config: DiskConfig, stats: DiskStats | None = None
+        cls,
+        cache_dir: Path,
+        config: DiskConfig,
+        stats: DiskStats | None = None,
+        *,
+        shared: bool = False,
     ) -> DiskStore | None:
         """The tier under ``cache_dir``, scanned and maintained; None (logged) when it is off
         or the directory cannot be used (see the module docstring for each case)."""
@@ -198,7 +252,7 @@ class DiskStore:
             budget = config.budget
         else:  # invariant under the tier's own writes: free space falls as the cache grows
             budget = max(0, int((sc.free + sc.used - min_free) * AUTO_SHARE))
-        self = cls(root, budget, min_free, config, stats, ex)
+        self = cls(root, budget, min_free, config, stats, ex, shared)
         self._apply_scan(sc)
         if self._used > budget:
             await self._shrink()
@@ -212,6 +266,7 @@ class DiskStore:
             entries=sc.entries,
             fs_free=sc.free,
             min_free=min_free,
+            shared=shared,
             refusing_new_entries=sc.free < min_free,
             scan_s=round(sc.seconds, 3),
         )
@@ -236,13 +291,15 @@ class DiskStore:
 
     # -- reads -----------------------------------------------------------------------------
 
-    async def read(self, k: DiskKey) -> bytes | None:
-        """The verified body of ``k``, or None (absent, bad: dropped, or an I/O error)."""
+    async def read(self, k: DiskKey) -> bytes | memoryview | None:
+        """The verified body of ``k``, or None (absent, bad: dropped, or an I/O error). A
+        shared tier's body is a mapping of the entry's pages (``diskfile`` "Mappings")."""
         self._sketch.increment(k.hash64)
         st = self.stats
+        read = files.map_entry if self.shared else files.read_entry
         try:
             status, body, why = await asyncio.get_running_loop().run_in_executor(
-                self._ex, files.read_entry, self.path(k), k
+                self._ex, read, self.path(k), k
             )
         except OSError as e:
             st.read_errors += 1
@@ -268,6 +325,35 @@ class DiskStore:
             self._ex, files.exists, self.path(k), k.file_bytes
         )
 
+    async def claim(self, k: DiskKey) -> Claim:
+        """The right to fetch ``k`` from the backend, when the tier is shared: waits while
+        another process holds it (its fetch is running), then either holds it (fetch, publish,
+        then ``release``) or finds ``k`` published (``present``: read it). Gives up waiting
+        after ``claim_wait_s`` and fetches anyway (counted). Unshared tier, closed tier, or
+        a lock file that cannot be opened: an empty claim (fetch; nothing to release)."""
+        if not self.shared or self._closed:
+            return _NO_CLAIM
+        loop = asyncio.get_running_loop()
+        pause, longest = CLAIM_POLL_S
+        deadline = 0.0
+        while True:
+            try:
+                fd, present = await loop.run_in_executor(self._ex, files.claim, self.root, k)
+            except OSError as e:
+                self._log_error("disk_cache_claim_failed", e)
+                return _NO_CLAIM
+            if fd >= 0 or present:
+                return Claim(fd, present)
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + self.config.claim_wait_s
+                self.stats.claim_waits += 1
+            elif now >= deadline:
+                self.stats.claim_timeouts += 1
+                return _NO_CLAIM
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, longest)
+
     # -- writes ----------------------------------------------------------------------------
 
     def admit(self, k: DiskKey) -> bool:
@@ -281,22 +367,36 @@ class DiskStore:
         self._reserve(k)
         return True
 
-    def publish(self, k: DiskKey, data: bytes) -> None:
-        """Write an admitted ``k`` in the background (failures are counted, never raised)."""
-        t = asyncio.get_running_loop().create_task(self._write(k, data))
+    def publish(
+        self, k: DiskKey, data: bytes, mapped: Callable[[memoryview], None] | None = None
+    ) -> asyncio.Task[bool]:
+        """Write an admitted ``k`` in the background (failures are counted, never raised);
+        the task says whether it was written. A shared tier then hands the written body, as
+        a mapping of the entry, to ``mapped`` (the caller drops its private copy for it)."""
+
+        async def run() -> bool:
+            status, view = await self._write(k, data)
+            if view is not None and mapped is not None:
+                mapped(view)
+            return status == files.WRITTEN
+
+        t = asyncio.get_running_loop().create_task(run())
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+        return t
 
     async def store(self, k: DiskKey, data: bytes) -> str:
-        """Warm-up's write: never evicts. "written", "budget" (the tier is full: stop),
-        "refused" (floor, backlog or a recent error) or "error"."""
+        """Warm-up's write: never evicts. "written", "present" (another process published
+        it meanwhile), "budget" (the tier is full: stop), "refused" (floor, backlog or a
+        recent error) or "error"."""
         if self._used + k.charge > self._budget:
             self.stats.refused_budget += 1
             return "budget"
         if not self._writable(k):
             return "refused"
         self._reserve(k)
-        return "written" if await self._write(k, data) else "error"
+        status, _ = await self._write(k, data)
+        return _STORED.get(status, "error")
 
     def _writable(self, k: DiskKey) -> bool:
         st = self.stats
@@ -342,19 +442,25 @@ class DiskStore:
         self._evict_later(victims)
         return True
 
-    async def _write(self, k: DiskKey, data: bytes) -> bool:
+    async def _write(self, k: DiskKey, data: bytes) -> tuple[int, memoryview | None]:
+        """Write ``k`` on the executor: (``diskfile`` outcome or ``_FAILED``, the mapping of
+        the written body when the tier is shared)."""
         st = self.stats
         loop = asyncio.get_running_loop()
         tmp = f".tmp.{os.getpid()}.{next(self._seq)}"
         ok = False
+        status = _FAILED
+        view: memoryview | None = None
         try:
-            status, free = await loop.run_in_executor(
-                self._ex, files.write_entry, self.root, k, data, self._min_free, tmp
+            status, free, view = await loop.run_in_executor(
+                self._ex, files.write_entry, self.root, k, data, self._min_free, tmp, self.shared
             )
             self._fs_free = free
             if status == files.FULL:
                 st.refused_full += 1
                 self._refuse_until = time.monotonic() + 1.0
+            elif status == files.PRESENT:
+                st.duplicate_fetches += 1  # charged by whoever wrote it, seen at the next scan
             else:
                 ok = True
                 st.writes += 1
@@ -362,6 +468,7 @@ class DiskStore:
                 st.bytes_written += k.length
                 self._written_since_scan += k.charge
         except OSError as e:
+            status = _FAILED
             st.write_errors += 1
             self._refuse_until = time.monotonic() + ERROR_BACKOFF_S
             self._log_error("disk_cache_write_failed", e)
@@ -372,7 +479,7 @@ class DiskStore:
             if not ok:
                 self._used -= k.charge
             self._gauges()
-        return ok
+        return status, view
 
     # -- eviction and accounting -------------------------------------------------------------
 

@@ -2,18 +2,32 @@
 that ``gateway.data.disk.DiskStore`` runs on its executor (never on the event loop).
 
 Owns: the layout ``<cache_dir>/v1/<2 hex>/<32 hex>`` (the name is the BLAKE2b-128 of the
-entry's identity), the entry format (36-byte header, identity, body: ``encode_header``), the
-read-and-verify, the write-then-rename, the directory scan, eviction by unlink and the mtime
-touches. Must not: keep state (each function takes what it needs and returns a result) or run
-on the event loop.
+entry's identity) and ``<cache_dir>/v1/locks/<3 hex>`` (the fetch claims), the entry format
+(36-byte header, identity, body: ``encode_header``), the read-and-verify (into bytes, or as a
+read-only shared mapping), the write-then-rename, the claims (``flock`` on a lock file), the
+directory scan, eviction by unlink and the mtime touches. Must not: keep state (each function
+takes what it needs and returns a result) or run on the event loop.
+
+Mappings. A body served as a mapping (``map_entry``, ``write_entry(..., mapped=True)``) is a
+``MAP_SHARED``, ``PROT_READ`` view of the entry file's pages, which are the page cache's: every
+worker process mapping the same entry reads the same physical pages, so the host holds a file
+once however many workers serve it. It is safe because nfsgw never changes an entry file in
+place: a new entry is a new inode renamed over the name, eviction and a failed verification
+unlink it, and an unlinked inode lives on until its last mapping is gone. What would break a
+mapping is outside nfsgw: a file under the cache directory truncated or rewritten in place
+by another program (delete files there, never edit them), or the disk failing under a page
+the kernel has to read again; either raises SIGBUS in the process that touches it (docs/
+reliability.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import heapq
+import mmap
 import os
 import stat
 import struct
@@ -32,7 +46,9 @@ __all__ = [
     "encode_header",
     "evict",
     "exists",
+    "claim",
     "fs_free",
+    "map_entry",
     "prepare",
     "read_entry",
     "scan",
@@ -50,7 +66,9 @@ STALE_TMP_NS: Final = 3600 * 10**9  # a temporary file this old is a crashed wri
 _SUBDIRS: Final = tuple(f"{i:02x}" for i in range(256))
 
 HIT, MISS, BAD = 0, 1, 2  # read_entry outcomes
-WRITTEN, FULL = 0, 1  # write_entry outcomes
+WRITTEN, FULL, PRESENT = 0, 1, 2  # write_entry outcomes
+LOCKS: Final = "locks"  # under the layout directory: the fetch claims' lock files
+LOCK_STRIPES: Final = 4096  # lock files (3 hex digits of the entry name)
 
 
 def charge_of(file_bytes: int) -> int:
@@ -134,6 +152,20 @@ def _pread_all(fd: int, n: int, off: int) -> bytes:
 
 
 def read_entry(path: str, k: DiskKey) -> tuple[int, bytes, str]:
+    """(HIT, body, "") of a verified entry; (MISS, b"", "") when there is none; (BAD, b"",
+    why) when it failed verification (then it is unlinked, unless already replaced)."""
+    status, body, why = _open_verified(path, k, mapped=False)
+    assert isinstance(body, bytes)
+    return status, body, why
+
+
+def map_entry(path: str, k: DiskKey) -> tuple[int, memoryview | bytes, str]:
+    """``read_entry`` with the body as a read-only shared mapping of the file (the module
+    docstring's "Mappings"), verified once here; an empty body is ``b""``."""
+    return _open_verified(path, k, mapped=True)
+
+
+def _open_verified(path: str, k: DiskKey, mapped: bool) -> tuple[int, memoryview | bytes, str]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -147,7 +179,14 @@ def read_entry(path: str, k: DiskKey) -> tuple[int, bytes, str]:
         else:
             why, crc = _check_header(_pread_all(fd, hlen, 0), k)
             if not why:
-                body = _pread_all(fd, k.length, hlen) if k.length else b""
+                body: memoryview | bytes
+                if not k.length:
+                    body = b""
+                elif mapped:
+                    m = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ)
+                    body = memoryview(m)[hlen:]
+                else:
+                    body = _pread_all(fd, k.length, hlen)
                 if len(body) != k.length:
                     why = "short read"
                 elif zlib.crc32(body) != crc:
@@ -174,27 +213,65 @@ def _write_all(fd: int, bufs: list[bytes]) -> None:
 
 
 def write_entry(
-    root: str, k: DiskKey, data: bytes, min_free: int, tmp_name: str
-) -> tuple[int, int]:
+    root: str, k: DiskKey, data: bytes, min_free: int, tmp_name: str, mapped: bool = False
+) -> tuple[int, int, memoryview | None]:
+    """Publish ``data`` as ``k``: (WRITTEN, free bytes after, the body mapped when ``mapped``
+    asks for it), (FULL, free, None) below the floor, or (PRESENT, free, None) when an entry
+    of the right size is already there (another process fetched it too: nothing written)."""
     d = os.path.join(root, k.name[:2])
     vfs = os.statvfs(d)
     free = vfs.f_bavail * vfs.f_frsize
     if free - k.charge < min_free:
-        return FULL, free
+        return FULL, free, None
+    dest = os.path.join(d, k.name)
+    if exists(dest, k.file_bytes):
+        return PRESENT, free, None
     header = encode_header(k, zlib.crc32(data))
     tmp = os.path.join(d, tmp_name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    view: memoryview | None = None
     try:
         try:
             _write_all(fd, [header, data])
+            if mapped and data:
+                # The inode about to become the entry: its pages are the ones every other
+                # process maps; this process drops its private copy for them.
+                m = mmap.mmap(fd, len(header) + len(data), mmap.MAP_SHARED, mmap.PROT_READ)
+                view = memoryview(m)[len(header) :]
         finally:
             os.close(fd)
-        os.rename(tmp, os.path.join(d, k.name))
+        os.rename(tmp, dest)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return WRITTEN, free - k.charge
+    return WRITTEN, free - k.charge, view
+
+
+def claim(root: str, k: DiskKey) -> tuple[int, bool]:
+    """Try to claim the fetch of ``k`` among the processes sharing ``root``: (fd, False) when
+    this process now holds the claim (an exclusive ``flock`` on ``k``'s lock stripe, released
+    by closing ``fd``, or by the kernel when the process dies, even by SIGKILL); (-1, True)
+    when the entry is already there (read it); (-1, False) when another process holds the
+    stripe (try again later). Stripes are never unlinked (no lock-then-unlink race); two
+    entries on one stripe (1 in 4,096) serialise their fetches, which is all it costs."""
+    path = os.path.join(root, k.name[:2], k.name)
+    if exists(path, k.file_bytes):
+        return -1, True
+    lock = os.path.join(root, LOCKS, k.name[:3])
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return -1, False
+    except BaseException:
+        os.close(fd)
+        raise
+    if exists(path, k.file_bytes):  # published between the first look and the lock
+        os.close(fd)
+        return -1, True
+    return fd, False
 
 
 def exists(path: str, file_bytes: int) -> bool:
@@ -284,7 +361,7 @@ def prepare(cache_dir: Path) -> tuple[str, int, int]:
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(cache_dir))
     root = cache_dir / LAYOUT
     root.mkdir(mode=0o700, exist_ok=True)
-    for sub in _SUBDIRS:
+    for sub in (*_SUBDIRS, LOCKS):
         (root / sub).mkdir(mode=0o700, exist_ok=True)
     probe = root / f".probe.{os.getpid()}"
     try:

@@ -20,11 +20,12 @@ room there is), or know about NFS.
   for it and for everything already in flight, after dropping objects read in this pass
   (``DataCache.room_for``), leaving the window's share free for demand READs. Without room,
   it goes to the disk tier when that has room (``warm_object``: never evicts); else the
-  prefetcher waits and looks again every ``idle_poll_s``. With several worker processes only
-  the shared disk tier is filled (a worker's memory serves only its own connections), by
-  worker 0 alone (the composition root's choice: workers listing the same directories would
-  fetch the same files; worker 0 sees the listings of its own connections, which with
-  ``nconnect`` spread over the workers is every directory a client lists).
+  prefetcher waits and looks again every ``idle_poll_s``. With several worker processes
+  every worker prefetches into the shared disk tier only (a worker's memory serves only its
+  own connections; a READ in any worker maps the entry): each fetch is claimed among the
+  workers (``DiskStore.claim``), so two workers never GET the same file, and worker I of N
+  starts its walk of a directory I/N of the way in (``share``), so they work on different
+  files instead of waiting for each other's claims.
 - **Epochs.** ``note_open`` (every READ at offset 0 of a small object) sets the file's bit.
   Within a pass the cache drops files read in it first (its "spent" segment), so with a
   dataset twice the cache the prefetcher keeps the cache full of files the epoch has not
@@ -132,7 +133,8 @@ class PrefetchStats:
 
 class _Dir:
     __slots__ = (
-        "store", "prefix", "cols", "skip", "bits", "files", "cursor", "queued", "read_in",
+        "store", "prefix", "cols", "skip", "bits", "files", "cursor", "start", "queued",
+        "read_in",
     )  # fmt: skip
 
     def __init__(
@@ -142,6 +144,7 @@ class _Dir:
         cols: Columns,
         skip: Callable[[str], bool] | None,
         small: int,
+        share: tuple[int, int] = (0, 1),
     ) -> None:
         self.store = store
         self.prefix = prefix
@@ -155,6 +158,9 @@ class _Dir:
             if k == KIND_FILE and 0 < z <= small
         )
         self.cursor = 0  # rows looked at
+        # The row the walk starts at (then wraps around): worker I of N starts I/N of the way
+        # in, so the workers prefetching one directory begin on different files.
+        self.start = cols.n * share[0] // share[1]
         self.queued = False
         self.read_in = -2  # the last pass with a read here (active: this one or the last)
 
@@ -170,11 +176,13 @@ class DataPrefetcher:
         memory: bool = True,
         pressure: Callable[[], int] | None = None,
         stats: PrefetchStats | None = None,
+        share: tuple[int, int] = (0, 1),
     ) -> None:
         self._reader = reader
         self._cache = reader.cache
         self._cfg = cfg = config if config is not None else PrefetchConfig()
         self._memory = memory
+        self._share = share  # (this worker, workers): where its walks start
         self._pressure = pressure
         self._last_pressure = pressure() if pressure is not None else 0
         self.stats = stats if stats is not None else PrefetchStats()
@@ -223,7 +231,7 @@ class DataPrefetcher:
     ) -> None:
         """A directory was listed: (re)register it and queue its files for this pass."""
         k = (store.name, key_prefix)
-        d = _Dir(store, key_prefix, cols, skip, self._reader.config.small_file_max)
+        d = _Dir(store, key_prefix, cols, skip, self._reader.config.small_file_max, self._share)
         old = self._dirs.pop(k, None)
         if old is not None and old.cols is cols:  # an unchanged re-list: same rows
             self._unqueue(old)
@@ -428,16 +436,20 @@ class DataPrefetcher:
                 continue
             cols = d.cols
             kinds, sizes, hi = cols.kinds, cols.sizes, self._max_size
-            r = d.cursor
-            stop = min(cols.n, r + budget)
-            while r < stop:
+            n, start = cols.n, d.start
+            c = d.cursor
+            stop = min(n, c + budget)
+            while c < stop:
+                r = c + start
+                if r >= n:
+                    r -= n
                 if kinds[r] == KIND_FILE and 0 < sizes[r] <= hi and self._wanted(d, r):
-                    d.cursor = r + 1
+                    d.cursor = c + 1
                     return d, r, 0
-                r += 1
-            budget -= r - d.cursor
-            d.cursor = r
-            if r < cols.n:
+                c += 1
+            budget -= c - d.cursor
+            d.cursor = c
+            if c < n:
                 return False
             self._unqueue(d)
             queue.popleft()

@@ -105,6 +105,7 @@ class _Fetch:
         "etag",
         "size",
         "start",
+        "origin",
         "end",
         "blocks",
         "demand",
@@ -127,6 +128,7 @@ class _Fetch:
         self.etag = etag
         self.size = size
         self.start = start
+        self.origin = start  # ``start`` before the disk tier narrowed the span
         self.end = end  # None: the whole object, no Range header
         self.blocks: list[tuple[BlockKey, _Pending, int, int]] = []
         self.demand = False
@@ -144,7 +146,9 @@ class _Fetch:
 class _Pending:
     __slots__ = ("future", "fetch", "demanded")
 
-    def __init__(self, future: asyncio.Future[bytes], fetch: _Fetch, demanded: bool) -> None:
+    def __init__(
+        self, future: asyncio.Future[bytes | memoryview], fetch: _Fetch, demanded: bool
+    ) -> None:
         self.future = future
         self.fetch = fetch
         self.demanded = demanded
@@ -167,7 +171,7 @@ class _ObjectStreams:
         self.streams: list[_Stream] = []
 
 
-def _retrieve(fut: asyncio.Future[bytes]) -> None:
+def _retrieve(fut: asyncio.Future[bytes | memoryview]) -> None:
     # Mark a failed block future's exception as retrieved: read-ahead blocks nobody waited for
     # must not log "Future exception was never retrieved".
     if not fut.cancelled():
@@ -183,6 +187,11 @@ def block_runs(blocks: list[int], max_n: int) -> list[tuple[int, int]]:
         else:
             runs.append((b, 1))
     return runs
+
+
+def _first_missing(f: _Fetch) -> int:
+    """The index of ``f``'s first block not yet answered (by the disk tier)."""
+    return next((i for i, (_, p, _, _) in enumerate(f.blocks) if not p.future.done()), 0)
 
 
 def same_etag(a: str, b: str) -> bool:
@@ -336,7 +345,7 @@ class ObjectReader:
         name = store.name
         stats = self.stats
         cache = self._cache
-        got: list[bytes | asyncio.Future[bytes] | None] = []
+        got: list[bytes | memoryview | asyncio.Future[bytes | memoryview] | None] = []
         missing: list[int] = []
         for b in range(first, last + 1):
             bkey = (name, key, etag, b)
@@ -370,7 +379,7 @@ class ObjectReader:
 
     def prefetch(
         self, store: ObjectStore, key: str, etag: str, size: int
-    ) -> asyncio.Future[bytes] | None:
+    ) -> asyncio.Future[bytes | memoryview] | None:
         """Start fetching small object version ``etag`` (``size`` bytes) ahead of any READ,
         as a read-ahead-class GET (demand fetches go first; a READ joining it promotes it);
         the bytes land in the cache's ahead segment if it has room then (``DataCache.insert``).
@@ -399,7 +408,7 @@ class ObjectReader:
 
     # -- single-flight fetches -----------------------------------------------------------
 
-    def _join(self, bkey: BlockKey) -> asyncio.Future[bytes] | None:
+    def _join(self, bkey: BlockKey) -> asyncio.Future[bytes | memoryview] | None:
         """The in-flight fetch of ``bkey`` a READ can wait on, if any."""
         p = self._inflight.get(bkey)
         if p is None:
@@ -424,7 +433,7 @@ class ObjectReader:
         *,
         demand: bool,
         ahead: bool = False,
-    ) -> list[asyncio.Future[bytes]]:
+    ) -> list[asyncio.Future[bytes | memoryview]]:
         loop = asyncio.get_running_loop()
         if size <= self._cfg.small_file_max:
             f = _Fetch(store, key, etag, size, 0, None)
@@ -439,10 +448,10 @@ class ObjectReader:
             ]
         f.demand = demand
         f.ahead = ahead
-        futs: list[asyncio.Future[bytes]] = []
+        futs: list[asyncio.Future[bytes | memoryview]] = []
         for i, (lo, hi) in enumerate(spans):
             bkey = (store.name, key, etag, first + i)
-            fut: asyncio.Future[bytes] = loop.create_future()
+            fut: asyncio.Future[bytes | memoryview] = loop.create_future()
             fut.add_done_callback(_retrieve)
             p = _Pending(fut, f, demand)
             self._inflight[bkey] = p
@@ -461,9 +470,17 @@ class ObjectReader:
 
     async def _run_fetch(self, f: _Fetch) -> None:
         stats = self.stats
+        disk = self._disk
+        claim = None
         try:
-            if self._disk is not None and await self._from_disk(self._disk, f):
-                return
+            if disk is not None:
+                if await self._from_disk(disk, f):
+                    return
+                if disk.shared:
+                    # Another worker may be fetching it: wait for its entry, not a 2nd GET.
+                    claim = await disk.claim(f.dkeys[_first_missing(f)])
+                    if claim.present and await self._from_disk(disk, f):
+                        return
             await self._slots.acquire(f)
             stats.inflight_fetches += 1
             stats.gets += 1
@@ -482,7 +499,11 @@ class ObjectReader:
                 raise BackendError(f"{f.key}: got {len(res.data)} B for a {want} B range")
             stats.bytes_fetched += want
             body = res.data
-            self._deliver(f, body if type(body) is bytes else bytes(body))
+            writes = self._deliver(f, body if type(body) is bytes else bytes(body))
+            if claim is not None and claim.fd >= 0 and writes:
+                # The claim holds until the entries are in place: a waiting worker then
+                # reads them instead of fetching (the READs were answered already).
+                await asyncio.shield(asyncio.gather(*writes))
         except PreconditionFailed as exc:
             stats.precondition_failed += 1
             self._forget_version(f.store.name, f.key, f.etag)
@@ -494,18 +515,24 @@ class ObjectReader:
             self._fail(f, None)
             raise
         finally:
+            if claim is not None:
+                claim.release()
             self._finish(f)
 
     async def _from_disk(self, disk: DiskStore, f: _Fetch) -> bool:
-        """Serve the blocks of ``f`` the disk tier holds; True when that was all of them,
-        else ``f`` is narrowed to the span from the first to the last missing block."""
-        base = f.start
-        f.dkeys = [
-            disk_key(f.store.name, f.key, f.etag, base + lo, hi - lo) for *_, lo, hi in f.blocks
-        ]
-        found = await asyncio.gather(*(disk.read(k) for k in f.dkeys))
+        """Serve the blocks of ``f`` the disk tier holds (those not served yet); True when
+        that was all of them, else ``f`` is narrowed to the span from the first to the last
+        missing block."""
+        base = f.origin
+        if not f.dkeys:
+            f.dkeys = [
+                disk_key(f.store.name, f.key, f.etag, base + lo, hi - lo) for *_, lo, hi in f.blocks
+            ]
+        todo = [i for i, (_, p, _, _) in enumerate(f.blocks) if not p.future.done()]
+        found = await asyncio.gather(*(disk.read(f.dkeys[i]) for i in todo))
         missing: list[tuple[int, int]] = []
-        for (bkey, p, lo, hi), data in zip(f.blocks, found, strict=True):
+        for i, data in zip(todo, found, strict=True):
+            bkey, p, lo, hi = f.blocks[i]
             if data is None:
                 missing.append((lo, hi))
                 continue
@@ -520,10 +547,13 @@ class ObjectReader:
             f.start, f.end = base + missing[0][0], base + missing[-1][1]
         return False
 
-    def _deliver(self, f: _Fetch, data: bytes) -> None:
+    def _deliver(self, f: _Fetch, data: bytes) -> list[asyncio.Task[bool]]:
+        """Answer the waiters of ``f``, cache the blocks and publish them to the disk tier;
+        the publishing tasks (a shared tier then swaps each cached copy for a mapping)."""
         disk = self._disk if f.cacheable and f.dkeys else None
         whole = len(f.blocks) == 1
         mv = memoryview(data)
+        writes: list[asyncio.Task[bool]] = []
         for i, (bkey, p, lo, hi) in enumerate(f.blocks):
             if p.future.done():
                 continue  # served from the disk tier
@@ -532,13 +562,22 @@ class ObjectReader:
             chunk = data if whole else bytes(mv[lo - f.skip : hi - f.skip])
             on_disk = False
             if disk is not None and disk.admit(f.dkeys[i]):
-                disk.publish(f.dkeys[i], chunk)
+                swap = None
+                if disk.shared:
+
+                    def swap(view: memoryview, bkey: BlockKey = bkey, old: bytes = chunk) -> None:
+                        self._cache.swap(bkey, old, view)
+
+                writes.append(disk.publish(f.dkeys[i], chunk, swap))
                 on_disk = True
             if f.cacheable and self._inflight.get(bkey) is p:
                 self._insert(f, bkey, p, chunk, on_disk=on_disk)
             p.future.set_result(chunk)
+        return writes
 
-    def _insert(self, f: _Fetch, bkey: BlockKey, p: _Pending, data: bytes, on_disk: bool) -> None:
+    def _insert(
+        self, f: _Fetch, bkey: BlockKey, p: _Pending, data: bytes | memoryview, on_disk: bool
+    ) -> None:
         unread = not p.demanded
         if not self._cache.insert(
             bkey,

@@ -55,6 +55,10 @@ class DataStats:
     # Gauges.
     cache_bytes: int = 0
     """Bytes charged to the cache budget (bodies plus a fixed per-entry overhead)."""
+    mapped_bytes: int = 0
+    """Of the cached bodies, the bytes that are mappings of the shared disk tier's entries
+    (the page cache's pages, held once by the host however many workers map them; charged
+    ``1 / workers`` of their size each)."""
     entries: int = 0
     inflight_fetches: int = 0
     """Backend GETs currently running (holding a fetch slot)."""
@@ -101,6 +105,14 @@ class DiskStats:
     """Warm-up writes refused because the tier was full (warm-ups never evict)."""
     scans: int = 0
     """Directory scans (accounting and eviction candidates)."""
+    duplicate_fetches: int = 0
+    """Backend fetches whose entry another process had published by the time this one
+    would have: the same bytes fetched twice by the gateway (the claims make it 0 unless a
+    claim wait timed out)."""
+    claim_waits: int = 0
+    """Fetches that waited for another process's fetch of the same entry (then read it)."""
+    claim_timeouts: int = 0
+    """Claim waits that gave up after ``claim_wait_s`` and fetched anyway."""
     # Gauges.
     enabled: int = 0
     """1 when the disk tier is on."""

@@ -72,15 +72,24 @@ async def _warm(
         disk.stats.refused_budget += 1
         return "budget", 0  # known before any GET
     fetched = 0
+    written = False
     for first, n in block_runs(missing, 1 if small else reader.max_run):
         lo, hi = spans[first][0], spans[first + n - 1][1]
-        data = await _get(reader, store, key, etag, size, lo, None if small else hi)
-        fetched += len(data)
-        for i in range(first, first + n):
-            outcome = await disk.store(keys[i], data[spans[i][0] - lo : spans[i][1] - lo])
-            if outcome != "written":
-                return outcome, fetched
-    return "written", fetched
+        claim = await disk.claim(keys[first])  # another worker's fetch of it: wait, skip
+        try:
+            if claim.present:
+                continue
+            data = await _get(reader, store, key, etag, size, lo, None if small else hi)
+            fetched += len(data)
+            for i in range(first, first + n):
+                outcome = await disk.store(keys[i], data[spans[i][0] - lo : spans[i][1] - lo])
+                if outcome == "written":
+                    written = True
+                elif outcome != "present":
+                    return outcome, fetched
+        finally:
+            claim.release()
+    return ("written" if written else "cached"), fetched
 
 
 async def _get(

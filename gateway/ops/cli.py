@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -215,6 +216,27 @@ def config_from_args(a: argparse.Namespace) -> ServerConfig:
     return load_config(find_config_path(a.config), overrides_from_args(a))[0]
 
 
+def _cannot_share(config: ServerConfig) -> str:
+    """Why the workers could not share one data cache ("" when they can), said in one line:
+    without it each would fetch and hold every file it serves (N copies, N GETs), so the
+    gateway serves with one process instead."""
+    from gateway.data.disk import resolve_cache_dir, usable
+
+    cache_dir = resolve_cache_dir(config.server.cache_dir, config.server.state_dir)
+    why = usable(cache_dir, config.cache.data.disk)
+    if why:
+        import structlog
+
+        structlog.get_logger("gateway.ops.cli").warning(
+            "workers_need_a_shared_cache",
+            reason=why,
+            workers=worker_count(config.server.workers),
+            serving_with="one worker",
+            fix="give the cache a writable directory (--cache-dir) and a budget (cache.disk)",
+        )
+    return why
+
+
 async def _serve(config: ServerConfig, a: argparse.Namespace, argv: Sequence[str]) -> int:
     from gateway.ops.gcwatch import freeze_long_lived
     from gateway.ops.server import Server
@@ -228,6 +250,12 @@ async def _serve(config: ServerConfig, a: argparse.Namespace, argv: Sequence[str
 
     role: WorkerRole | None = a.worker
     server: Server | Supervisor
+    if role is None and worker_count(config.server.workers) > 1:
+        why = await asyncio.to_thread(_cannot_share, config)
+        if why:
+            config = dataclasses.replace(
+                config, server=dataclasses.replace(config.server, workers=1)
+            )
     if role is None and worker_count(config.server.workers) > 1:
         server = Supervisor(config, argv, notifier=Notifier(), config_loader=loader)
     else:

@@ -172,9 +172,10 @@ class ServerSettings:
         default=None,
         metadata=setting(
             abs_path,
-            "the data cache's disk tier (e.g. /var/cache/nfsgw)",
+            "the data cache's disk tier, the host's one data cache shared by the workers "
+            "(e.g. /var/cache/nfsgw)",
             flag="--cache-dir",
-            default_text="$CACHE_DIRECTORY (systemd CacheDirectory=), else none: memory only",
+            default_text="$CACHE_DIRECTORY (systemd CacheDirectory=), else STATE_DIR/cache",
         ),
     )
     max_connections: int = field(

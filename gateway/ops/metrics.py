@@ -278,6 +278,10 @@ METRICS: tuple[MetricDef, ...] = (
     _M("nfsgw_data_cache_bytes", GAUGE, "Bytes charged to the data cache", (),
        _F("data", "cache_bytes")),
     _M("nfsgw_data_cache_entries", GAUGE, "Blocks in the data cache", (), _F("data", "entries")),
+    _M("nfsgw_data_cache_mapped_bytes", GAUGE,
+       "Cached bytes that are mappings of the shared disk tier's entries (page cache pages, "
+       "held once by the host however many workers map them)", (),
+       _F("data", "mapped_bytes")),
     _M("nfsgw_data_fetches_inflight", GAUGE, "Backend GETs running", (),
        _F("data", "inflight_fetches")),
     _M("nfsgw_data_queued_inflight", GAUGE, "Fetches waiting for a fetch slot", (),
@@ -401,6 +405,15 @@ METRICS: tuple[MetricDef, ...] = (
                                      ("budget", "refused_budget")))),
     _M("nfsgw_disk_cache_scans_total", COUNTER, "Scans of the cache directory", (),
        _F("disk", "scans")),
+    _M("nfsgw_disk_cache_duplicate_fetches_total", COUNTER,
+       "Backend fetches of an entry another worker had already published (the same bytes "
+       "fetched twice; 0 unless a claim wait timed out)", (), _F("disk", "duplicate_fetches")),
+    _M("nfsgw_disk_cache_claim_waits_total", COUNTER,
+       "Fetches that waited for another worker's fetch of the same entry, then read it", (),
+       _F("disk", "claim_waits")),
+    _M("nfsgw_disk_cache_claim_timeouts_total", COUNTER,
+       "Claim waits that gave up (claim_wait_s) and fetched anyway", (),
+       _F("disk", "claim_timeouts")),
     _M("nfsgw_disk_cache_enabled", GAUGE, "1 when the disk tier is on", (),
        _F("disk", "enabled")),
     _M("nfsgw_disk_cache_bytes", GAUGE,
@@ -591,6 +604,8 @@ MERGE_MAX: frozenset[str] = frozenset(
         "nfsgw_disk_cache_budget_bytes",
         "nfsgw_disk_cache_entries",
         "nfsgw_disk_cache_fs_free_bytes",
+        # the workers map mostly the same entries: the largest view, not their sum
+        "nfsgw_data_cache_mapped_bytes",
     }
 )
 

@@ -131,11 +131,20 @@ class Server:
         secret = load_or_create_secret(state_dir)
         handles = Handles(secret, legacy=LegacyMap.open_if_present(state_dir))
         data_stats = DataStats()
-        # cache.memory is the service's budget: with workers, each one's memory tier a share.
-        memory = c.cache.memory // (self.role.count if self.role is not None else 1)
-        cache = DataCache(memory, stats=data_stats)
-        disk_stats = DiskStats()  # the disk tier: shared by the workers (gateway.data.disk)
-        disk = await open_disk_tier(c.server.cache_dir, c.cache.data.disk, disk_stats)
+        # cache.memory is the service's budget: with workers, each one's memory tier a share,
+        # in which a mapping of the shared disk tier's entry costs its share of the pages.
+        workers = self.role.count if self.role is not None else 1
+        cache = DataCache(c.cache.memory // workers, stats=data_stats, shared_by=workers)
+        disk_stats = DiskStats()  # the host's one data cache, shared by the workers
+        disk = await open_disk_tier(
+            c.server.cache_dir, state_dir, c.cache.data.disk, disk_stats, shared=workers > 1
+        )
+        if disk is None and workers > 1:
+            log.error(
+                "shared_cache_unavailable",
+                worker=self.role.index if self.role is not None else 0,
+                consequence="this worker fetches and holds files of its own",
+            )
         self.metrics.add_stats("disk", disk_stats)
         reader = ObjectReader(cache, c.cache.reads, data_stats, disk)
         # A relative spool_dir (the default "spool") is under the state directory. Workers
@@ -245,7 +254,7 @@ class Server:
 
     def _make_dirs(self) -> None:
         self.config.server.state_dir.mkdir(parents=True, exist_ok=True)
-        # cache_dir: gateway.data.disk creates it, or falls back to memory only.
+        # The cache directory: gateway.data.disk creates it, or falls back to memory only.
 
     def _status(self) -> str:
         gw = self.gateway
@@ -255,22 +264,19 @@ class Server:
     def _make_prefetcher(self, reader: ObjectReader, disk: bool) -> DataPrefetcher | None:
         """The data prefetcher (``gateway.data.prefetch``), or None when it is off. One
         process fills its memory tier (and the disk tier once memory is full); with several
-        workers worker 0 fills only the shared disk tier, so without one it stays off."""
+        workers each one fills the shared disk tier, the fetches claimed among them, so
+        without one it stays off."""
         cfg = self.config.cache.data.prefetch
         if not cfg.enabled or not self.config.cache.coalesce:
             return None
-        workers = self.role is not None and self.role.count > 1
+        role = self.role
+        workers = role is not None and role.count > 1
         if workers and not disk:
-            if self.role is not None and self.role.index == 0:
-                log.warning(
-                    "data_prefetch_off",
-                    reason="several workers and no disk tier (cache_dir): prefetched data "
-                    "would land in one worker's memory",
-                )
-            return None
-        if workers and self.role is not None and self.role.index != 0:
-            # Worker 0 alone fills the shared disk tier (as it alone runs data warm-ups):
-            # two workers listing the same directories would fetch the same files.
+            log.warning(
+                "data_prefetch_off",
+                reason="several workers and no shared disk tier: prefetched data would land "
+                "in one worker's memory",
+            )
             return None
         p = DataPrefetcher(
             reader,
@@ -278,6 +284,7 @@ class Server:
             memory=not workers,
             pressure=lambda: self.metrics.backend_retries,
             stats=self.prefetch_stats,
+            share=(role.index, role.count) if role is not None else (0, 1),
         )
         reader.on_open = p.note_open
         return p

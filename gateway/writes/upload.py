@@ -331,11 +331,11 @@ class Uploader:
 
     async def _read_base(self, sf: StagedFile, lo: int, hi: int) -> bytes | memoryview:
         self.stats.base_fetches += 1
-        store = sf.export.store
-        if sf.base_size <= self.reader.config.small_file_max:
-            data, _ = await self.reader.read(store, sf.key, sf.base_etag, sf.base_size, lo, hi - lo)
-        else:
-            data = (await store.get(sf.key, lo, hi, if_match=sf.base_etag)).data
+        # Always from the store, pinned to the base's version, never from a cache tier: the
+        # commit replaces the object, so this GET is what notices another writer replaced it
+        # meanwhile (412: rebase). The disk tier would serve the old version, rightly for a
+        # READ, but then the commit would overwrite the other writer's object.
+        data = (await sf.export.store.get(sf.key, lo, hi, if_match=sf.base_etag)).data
         if len(data) != hi - lo:
             raise PreconditionFailed(f"{sf.key}: base is shorter than {hi} B")
         return data

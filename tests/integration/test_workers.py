@@ -10,6 +10,10 @@ Real parts only: the ``nfsgw`` command line (``GatewayProcess``), SeaweedFS, lib
 - Read-write export: one file written over several connections (so, several workers) and
   committed reads back byte-exact over any connection; kill -9 of either worker after the
   commit loses nothing.
+- One data cache for both (defaults but the worker count: the disk tier under the state
+  directory, data prefetch on in each worker): every file fetched once by the gateway,
+  counted per key at the backend, whichever worker reads or prefetches it; none in a second
+  epoch nor after a restart; no duplicate fetch; the bodies held as mappings of the tier.
 - SIGHUP reaches every worker (a new export is served whichever worker answers);
   ``/v1/invalidate`` acts on all; SIGTERM stops everything.
 """
@@ -26,6 +30,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,7 @@ import pytest
 
 from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
+from tests.integration.test_data_prefetch import Proxy
 from tests.integration.test_write_path import WNfs
 from tests.libnfs import LibNfs, libnfs_available
 
@@ -162,6 +168,60 @@ def test_two_workers_share_the_port_and_the_admin_api(
         sup = gw.proc
         assert sup is not None
     assert sup.returncode == 0  # SIGTERM: every worker drained, the supervisor exited 0
+
+
+def _epoch(clients: list[LibNfs], order: list[int]) -> None:
+    """Every file once, over every connection at once (one thread per connection)."""
+
+    def one(n: int) -> None:
+        for i in order[n :: len(clients)]:
+            assert clients[n].read_file(f"/c{i % 3}/f{i:03d}.jpg") == _body(i)
+
+    with ThreadPoolExecutor(len(clients)) as ex:
+        list(ex.map(one, range(len(clients))))
+
+
+def test_the_workers_share_one_data_cache(
+    seaweed: SeaweedServer, bucket: str, tmp_path: Path
+) -> None:
+    proxy = Proxy(seaweed.endpoint_url)
+
+    def gateway() -> GatewayProcess:
+        return GatewayProcess(
+            tmp_path,
+            [{"path": "/data", "backend": f"s3://{bucket}/ds/", "read_only": True}],
+            s3=seaweed,
+            sections={"s3": {"endpoint_url": proxy.endpoint_url}},
+            workers=2,
+        )
+
+    try:
+        with gateway() as gw:
+            clients = _spread_connections(gw)
+            try:
+                _epoch(clients, list(range(FILES)))
+                gets = proxy.gets()
+                assert len(gets) == FILES and set(gets.values()) == {1}, gets
+                _epoch(clients[::-1], list(range(FILES))[::-1])  # other workers, other order
+                assert proxy.gets() == gets
+            finally:
+                for c in clients:
+                    c.close()
+            assert _metric(gw, "nfsgw_disk_cache_duplicate_fetches_total") == 0
+            assert (
+                _metric(gw, "nfsgw_data_cache_mapped_bytes")
+                >= sum(len(_body(i)) for i in range(FILES)) // 2
+            )  # the larger view of the two: at least half the files in each
+        with gateway() as gw:  # a restart: served from the shared tier
+            c = LibNfs(gw.libnfs_url("/data"))
+            try:
+                for i in range(FILES):
+                    assert c.read_file(f"/c{i % 3}/f{i:03d}.jpg") == _body(i)
+            finally:
+                c.close()
+            assert proxy.gets() == gets
+    finally:
+        proxy.close()
 
 
 def test_a_killed_worker_is_replaced_and_counters_keep_counting(

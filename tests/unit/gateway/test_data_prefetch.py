@@ -59,6 +59,9 @@ def gateway(
     **settings: Any,
 ) -> MemoryGateway:
     settings.setdefault("cache_data_prefetch", True)
+    # The memory tier's prefetching (room, epochs, waste) is what these tests measure: no
+    # disk tier behind it unless a test asks (test_disk_cache, test_shared_cache do).
+    settings.setdefault("cache_disk", 0)
     ec = ExportConfig("/data", "s3://b/ds/", **(RO if export is None else export))
     return MemoryGateway.of(tmp_path, [ec], files=files, store=store, **settings)
 

@@ -310,14 +310,15 @@ async def test_the_automatic_budget_is_a_share_of_free_space(tmp_path: Path) -> 
     await disk.close()
 
 
-def test_the_cache_dir_defaults_to_systemds_cache_directory(
+def test_the_cache_dir_defaults_to_systemds_cache_directory_then_the_state_dir(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("CACHE_DIRECTORY", raising=False)
-    assert resolve_cache_dir(None) is None
-    assert resolve_cache_dir(Path("/x")) == Path("/x")
+    state = Path("/var/lib/nfsgw")
+    assert resolve_cache_dir(None, state) == state / "cache"
+    assert resolve_cache_dir(Path("/x"), state) == Path("/x")
     monkeypatch.setenv("CACHE_DIRECTORY", "/var/cache/nfsgw")
-    assert resolve_cache_dir(None) == Path("/var/cache/nfsgw")
+    assert resolve_cache_dir(None, state) == Path("/var/cache/nfsgw")
 
 
 # -- warm-up ---------------------------------------------------------------------------------

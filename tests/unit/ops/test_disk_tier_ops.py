@@ -125,12 +125,31 @@ def test_progress_line_shows_share_and_eta() -> None:
     assert "40 files / 300.0 MiB read into disk, 10 already cached" in line
 
 
-async def test_no_cache_dir_means_memory_only(tmp_path: Path, monkeypatch: Any) -> None:
+async def test_no_cache_dir_means_the_state_dirs_cache_and_a_restart_is_warm(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
     monkeypatch.delenv("CACHE_DIRECTORY", raising=False)
     store = MemoryStore("mem")
     for k, v in files(3).items():
         store.seed(k, v)
     async with gateway(tmp_path, store, server_cache_dir=None) as gw:
+        disk = gw.gateway.reader.disk
+        assert disk is not None and not disk.shared
+        assert Path(disk.root).parent == gw.server.config.server.state_dir / "cache"
+        await read_every_file(gw, 3)
+        await disk.drain()
+        assert gw.requests()["get"] == 3
+    async with gateway(tmp_path, store, server_cache_dir=None) as gw:
+        before = gw.requests()["get"]
+        await read_every_file(gw, 3)
+        assert gw.requests()["get"] == before  # the restart served from the disk tier
+
+
+async def test_a_disk_budget_of_0_means_memory_only(tmp_path: Path) -> None:
+    store = MemoryStore("mem")
+    for k, v in files(3).items():
+        store.seed(k, v)
+    async with gateway(tmp_path, store, server_cache_dir=None, cache_disk=0) as gw:
         assert gw.gateway.reader.disk is None
         await read_every_file(gw, 3)
         http = Http(gw.server.metrics_port)
