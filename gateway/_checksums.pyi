@@ -5,7 +5,7 @@ from typing import Final
 
 from nfsproto.xdr import Buffer
 
-engine: Final[str]  # "pclmul" (carry-less multiplication, x86-64) or "tables"
+engine: Final[str]  # "vpclmulqdq" (AVX-512), "pclmul" (x86-64 carry-less multiply) or "tables"
 
 def crc32(data: Buffer, crc: int = 0) -> int: ...
 def crc32c(data: Buffer, crc: int = 0) -> int: ...

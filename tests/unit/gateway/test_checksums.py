@@ -107,7 +107,7 @@ def test_memoryview_slices_at_odd_offsets_and_bytearrays(name: str) -> None:
     big = rng.randbytes(4096)
     mv = memoryview(big)
     for start in (1, 3, 5, 7, 9, 15, 17):
-        for length in (0, 1, 15, 16, 63, 64, 127, 128, 129, 255, 1000, 4096 - 17):
+        for length in (0, 1, 15, 16, 63, 64, 127, 128, 129, 255, 1000, 1024, 1600, 4096 - 17):
             piece = mv[start : start + length]
             assert c(piece) == py(bytes(piece)), (start, length)
     assert c(bytearray(big)) == py(big)
@@ -123,7 +123,7 @@ def test_large_buffers_and_incremental_use(name: str) -> None:
     data = rng.randbytes(300_001)
     whole = py(data)
     assert c(data) == whole
-    for cut in (0, 1, 63, 64, 65, 32_767, 32_768, 150_000, 300_000, 300_001):
+    for cut in (0, 1, 63, 64, 65, 1023, 1024, 32_767, 32_768, 150_000, 300_000, 300_001):
         assert c(data[cut:], c(data[:cut])) == whole, cut
     big = rng.randbytes(8 << 20)
     if name == "crc32":
@@ -148,23 +148,28 @@ def test_bad_arguments_fail_alike(name: str) -> None:
     assert c(b"x", (1 << width) - 1) == py(b"x", (1 << width) - 1)
 
 
-def test_the_table_engine_agrees_too() -> None:
-    """The portable slicing-by-8 engine, the one used without PCLMULQDQ (chosen at import:
-    run in a child with it forced)."""
-    native()
+@pytest.mark.parametrize(
+    ("variable", "engine"),
+    [("NFSGW_CHECKSUMS_NO_CLMUL", "tables"), ("NFSGW_CHECKSUMS_NO_AVX512", "pclmul")],
+)
+def test_the_other_engines_agree_too(variable: str, engine: str) -> None:
+    """The portable slicing-by-8 engine (without PCLMULQDQ) and the 128-bit PCLMULQDQ one
+    (without AVX-512), chosen at import: run in a child with each forced."""
+    if native().engine == "tables" and engine != "tables":
+        pytest.skip("this CPU has no PCLMULQDQ")
     code = (
         "import random, sys\n"
         "from gateway import _checksums as c\n"
         "from gateway.backend import checksums as p\n"
-        "assert c.engine == 'tables', c.engine\n"
+        f"assert c.engine == {engine!r}, c.engine\n"
         "rng = random.Random(5)\n"
-        "for n in [*range(300), 1000, 4097, 40000]:\n"
+        "for n in [*range(300), 1000, 1023, 1024, 1025, 4097, 40000]:\n"
         "    d = rng.randbytes(n)\n"
         "    for name in ('crc32', 'crc32c', 'crc64nvme'):\n"
         "        assert getattr(c, name)(d) == getattr(p, 'py_' + name)(d), (name, n)\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "NFSGW_CHECKSUMS_NO_CLMUL": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, variable: "1", "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
     )
