@@ -49,7 +49,7 @@ class ChecksumPolicy:
     docs/benchmarks.md):
 
     - ``stored``: ask for the checksums the store keeps (``x-amz-checksum-mode: ENABLED``)
-      and verify a full-object CRC64NVME, CRC32C or CRC32 (+~8 µs each with the compiled
+      and verify a full-object CRC64NVME, CRC32C or CRC32 (+~3 µs each with the compiled
       CRCs, ``gateway._checksums``), SHA-1 or SHA-256 (~+60 µs); and send a CRC32 with every
       single-request upload, so what nfsgw writes is checked by the store on the way in and
       by nfsgw on every whole-object read after. On by default. Without the compiled CRCs

@@ -27,8 +27,8 @@ and retried like a short body; when the retries run out the GET fails with
 ``ChecksumMismatch`` (NFS3ERR_IO). A body of part of an object has nothing to be checked
 against and is not. Single-request PUTs carry a CRC32
 (``x-amz-checksum-crc32``), so objects nfsgw writes are verifiable. Hashing runs on the loop
-below ``_HASH_OFF_LOOP_BYTES`` (a compiled CRC of a 110 kB body: ~8 µs, docs/benchmarks.md), in
-a thread above it (hashlib, zlib and ``gateway._checksums`` release the GIL); the Python
+below ``_HASH_OFF_LOOP_BYTES`` (a compiled CRC of a 110 kB body: ~3 µs, docs/benchmarks.md),
+in a thread above it (hashlib, zlib and ``gateway._checksums`` release the GIL); the Python
 CRC32C/CRC64NVME (without the compiled ones) always in a thread.
 """
 
