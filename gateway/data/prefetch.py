@@ -21,11 +21,12 @@ room there is), or know about NFS.
   (``DataCache.room_for``), leaving the window's share free for demand READs. Without room,
   it goes to the disk tier when that has room (``warm_object``: never evicts); else the
   prefetcher waits and looks again every ``idle_poll_s``. With several worker processes
-  every worker prefetches into the shared disk tier only (a worker's memory serves only its
-  own connections; a READ in any worker maps the entry): each fetch is claimed among the
-  workers (``DiskStore.claim``), so two workers never GET the same file, and worker I of N
-  starts its walk of a directory I/N of the way in (``share``), so they work on different
-  files instead of waiting for each other's claims.
+  every worker prefetches: each fetch is claimed among them on the shared disk tier
+  (``DiskStore.claim``), so two workers never GET the same file; the second maps the first's
+  entry into its memory (a mapping costs a worker ``1 / workers`` of its size: the pages are
+  the page cache's, held once), so a READ in either worker is then a memory hit; and worker I
+  of N starts its walk of a directory I/N of the way in (``share``), so they fetch different
+  files instead of waiting on each other's claims.
 - **Epochs.** ``note_open`` (every READ at offset 0 of a small object) sets the file's bit.
   Within a pass the cache drops files read in it first (its "spent" segment), so with a
   dataset twice the cache the prefetcher keeps the cache full of files the epoch has not

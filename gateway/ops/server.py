@@ -262,10 +262,10 @@ class Server:
         return f"serving {n} export{'s' if n != 1 else ''} on port {self.port}"
 
     def _make_prefetcher(self, reader: ObjectReader, disk: bool) -> DataPrefetcher | None:
-        """The data prefetcher (``gateway.data.prefetch``), or None when it is off. One
-        process fills its memory tier (and the disk tier once memory is full); with several
-        workers each one fills the shared disk tier, the fetches claimed among them, so
-        without one it stays off."""
+        """The data prefetcher (``gateway.data.prefetch``), or None when it is off. It fills
+        the memory tier (and the disk tier once memory is full); with several workers each
+        one prefetches, its fetches claimed among them on the shared disk tier, so without
+        one it stays off."""
         cfg = self.config.cache.data.prefetch
         if not cfg.enabled or not self.config.cache.coalesce:
             return None
@@ -281,7 +281,6 @@ class Server:
         p = DataPrefetcher(
             reader,
             cfg,
-            memory=not workers,
             pressure=lambda: self.metrics.backend_retries,
             stats=self.prefetch_stats,
             share=(role.index, role.count) if role is not None else (0, 1),
