@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import sys
 import tempfile
@@ -69,6 +70,7 @@ class Result:
     warm_lists: int = 0
     gets_per_file: float = 0.0
     pss_mib: float = 0.0
+    ctx_per_file: list[float] = field(default_factory=list)
 
     @property
     def warm(self) -> float:
@@ -132,6 +134,31 @@ def pss_mib(pid: int) -> float:
     return total / MiB
 
 
+def ctx_switches(pid: int) -> int:
+    """Context switches (voluntary + involuntary) of ``pid`` and its descendants' threads."""
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            c = p.num_ctx_switches()
+            total += c.voluntary + c.involuntary
+    return total
+
+
+def pin_workers(pid: int) -> None:
+    """``--pin-workers``: worker I on CPU I (of this process's CPUs), the supervisor free."""
+    cpus = sorted(psutil.Process().cpu_affinity() or [0])
+    for child in psutil.Process(pid).children():
+        args = child.cmdline()
+        if "--worker" in args:
+            i = int(args[args.index("--worker") + 1].split("/")[0])
+            for t in [child, *child.children(recursive=True)]:
+                t.cpu_affinity([cpus[i % len(cpus)]])
+            for th in child.threads():
+                os.sched_setaffinity(th.id, {cpus[i % len(cpus)]})
+
+
 def upload(sw: SeaweedServer, tree: Tree) -> None:
     sw.create_bucket(BUCKET)
     t0 = time.monotonic()
@@ -156,14 +183,19 @@ def measure(
         clients = CClients(srv.url, tree, a.clients)
         try:
             place(clients, srv, a.clients)
+            if a.pin_workers and isinstance(srv, S3Gateway) and srv.workers > 1:
+                pin_workers(srv.pid)
             before = proxy.counts() if proxy else {}
             for e in range(3):
                 order = list(range(tree.files))
                 random.Random(a.seed + e).shuffle(order)
-                cpu0 = cpu_seconds(srv.pid)
+                cpu0, x0 = cpu_seconds(srv.pid), ctx_switches(srv.pid)
                 c0 = proxy.counts() if proxy else {}
                 ep, _ = clients.epoch(tree, order)
                 cpu = cpu_seconds(srv.pid) - cpu0
+                res.ctx_per_file.append(
+                    round((ctx_switches(srv.pid) - x0) / ep.files, 2) if ep.files else 0.0
+                )
                 c1 = proxy.counts() if proxy else {}
                 gets, lists = (
                     c1.get("GET", 0) - c0.get("GET", 0),
@@ -179,7 +211,8 @@ def measure(
                 res.errors += ep.errors
                 log(
                     f"  {res.name} epoch {e + 1}: {ep.files_per_s:,.0f} files/s, p99 "
-                    f"{ep.p99_ms} ms, {res.cpu_us_per_file[-1]} us CPU/file, GETs {gets}, "
+                    f"{ep.p99_ms} ms, {res.cpu_us_per_file[-1]} us CPU/file, "
+                    f"{res.ctx_per_file[-1]} context switches/file, GETs {gets}, "
                     f"LISTs {lists}, errors {ep.errors}"
                 )
             if proxy:
@@ -266,6 +299,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-ganesha", action="store_true")
+    p.add_argument(
+        "--pin-workers", action="store_true", help="pin worker I of the defaults to CPU I"
+    )
     p.add_argument("--inside-namespace", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 

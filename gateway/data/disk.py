@@ -9,6 +9,25 @@ threads that do the file I/O. Must not: touch the event loop's thread with file 
 a READ (every error is counted and turns into a miss or a skipped publish), know about NFS, or
 talk to the backend (``ObjectReader`` fetches; this module stores).
 
+The host's one data cache
+-------------------------
+Every configuration has the tier (``resolve_cache_dir``: ``server.cache_dir``, systemd's
+``$CACHE_DIRECTORY``, else ``STATE_DIR/cache``; ``cache.disk = 0`` turns it off), so the
+workers of ``--workers auto`` share it. With several workers it is *shared*
+(``DiskStore(shared=True)``):
+
+* **Held once.** A hit returns the body as a read-only mapping of the entry file
+  (``diskfile.map_entry``, verified once), and a publish hands the writer a mapping of what it
+  wrote (the reader swaps its private copy for it: ``DataCache.swap``). The pages are the page
+  cache's: N workers serving a file hold it once. The memory tier charges a mapping
+  ``1 / workers`` of its size.
+* **Fetched once.** Before a GET a worker ``claim``\\s the entry: an exclusive ``flock`` on one
+  of 4,096 lock files (``v1/locks/<3 hex>``), taken without blocking on the executor, held
+  until the entry is in place, dropped by the kernel if the process dies. A worker finding
+  it held polls (1 ms, doubling to 20 ms) until it can take it or the entry appears (then it
+  reads the entry), for at most ``claim_wait_s``, then fetches anyway (``claim_timeouts``;
+  the later publish finds the entry and counts a ``duplicate_fetches``).
+
 Sharing without a coordinator
 -----------------------------
 * **Names are identities.** An entry holds bytes ``[start, start + length)`` of one object

@@ -9,9 +9,10 @@ several. Each worker is a full gateway (``gateway.ops.server.Server``) started f
 command line, with ``--worker I/N/RUN_DIR`` appended: it listens on the NFS port with
 SO_REUSEPORT (the kernel spreads connections, e.g. a client's ``nconnect=`` connections, over the
 workers' listeners), serves its admin API on a Unix socket in the private ``RUN_DIR``, and keeps
-its own memory caches; the handle secret and the disk cache tier are shared through the file
-system, so any worker answers any handle. Calls for read-write exports are served by worker 0,
-the owner (``gateway.forward`` says why and what it costs).
+its own directory index; the handle secret and the data cache (the disk tier, whose entries
+each worker maps: ``gateway.data.disk``) are shared through the file system, so any worker
+answers any handle and a file is fetched and held once per host. Calls for read-write
+exports are served by worker 0, the owner (``gateway.forward`` says why and what it costs).
 
 The supervisor binds nothing but the admin API (``gateway.ops.fanout``: one ``/metrics`` and
 ``/v1/*`` for all workers). It starts the workers, sends ``READY=1`` once every one answers,

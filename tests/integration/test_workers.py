@@ -224,6 +224,32 @@ def test_the_workers_share_one_data_cache(
         proxy.close()
 
 
+def test_without_a_shared_cache_the_gateway_serves_with_one_worker(tmp_path: Path) -> None:
+    """``--workers 2`` with the disk tier off: one clear line, and one process serving (not
+    two fetching and holding every file each)."""
+    tree = tmp_path / "tree"
+    (tree / "c0").mkdir(parents=True)
+    (tree / "c0" / "f.jpg").write_bytes(_body(1))
+    gw = GatewayProcess(
+        tmp_path,
+        [{"path": "/data", "backend": f"file://{tree}", "read_only": True}],
+        sections={"server": {"workers": 2}, "cache": {"disk": 0}},
+        workers=1,  # what it falls back to: wait for the one gateway's start line
+    )
+    with gw:
+        c = LibNfs(gw.libnfs_url("/data"))
+        try:
+            assert c.read_file("/c0/f.jpg") == _body(1)
+        finally:
+            c.close()
+        lines = [json.loads(x) for x in gw.log_path.read_text().splitlines() if x.startswith("{")]
+        events = [x["event"] for x in lines]
+        assert "supervisor_started" not in events and "gateway_started" in events
+        (warn,) = [x for x in lines if x["event"] == "workers_need_a_shared_cache"]
+        assert warn["reason"] == "cache.disk is 0" and warn["serving_with"] == "one worker"
+        assert warn["workers"] == 2 and "--cache-dir" in warn["fix"]
+
+
 def test_a_killed_worker_is_replaced_and_counters_keep_counting(
     seaweed: SeaweedServer, bucket: str, tmp_path: Path
 ) -> None:
