@@ -3,7 +3,9 @@
  * nfsproto.rpc.RecordReader.
  *
  * Owns: recognising a call the fast path may answer (parse_call), assembling its reply
- * records (reply_*, pad) and reassembling RPC records from a TCP byte stream (RecordReader).
+ * records (reply_*, pad), reassembling RPC records from a TCP byte stream (RecordReader), and
+ * the read-only file mappings READ data is sent from (Mapping: mmap.mmap without the file
+ * descriptor mmap.mmap keeps open for each one).
  * Every function gives the same result as its Python twin for the same arguments, byte for
  * byte: the same tuple, the same None for every record the twin declines, the same
  * exception class (and message) for the same bad argument.
@@ -24,8 +26,11 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 
 #define NFS_PROGRAM 100003u
 #define GETATTR 1u
@@ -852,6 +857,99 @@ static PyTypeObject RecordReaderType = {
     .tp_members = reader_members,
 };
 
+/* ------------------------------------------------------------------------- Mapping */
+
+/* A read-only MAP_SHARED mapping of a whole file, exported through the buffer protocol;
+ * unmapped when the last reference (a memoryview of it included) goes. It keeps no file
+ * descriptor: the kernel holds the file for the mapping. */
+typedef struct {
+    PyObject_HEAD
+    void *addr;
+    Py_ssize_t size;
+} Mapping;
+
+static PyObject *
+mapping_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"fd", "size", NULL};
+    int fd;
+    Py_ssize_t size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "in:Mapping", kwlist, &fd, &size))
+        return NULL;
+    if (fd < 0 || size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "Mapping needs a file descriptor and a size > 0");
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (!S_ISREG(st.st_mode) || (long long)size > (long long)st.st_size) {
+        /* Pages past the end of the file would raise SIGBUS when read. */
+        PyErr_SetString(PyExc_ValueError, "Mapping: not a regular file, or size past its end");
+        return NULL;
+    }
+    void *addr;
+    Py_BEGIN_ALLOW_THREADS
+    addr = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    Py_END_ALLOW_THREADS
+    if (addr == MAP_FAILED)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Mapping *self = (Mapping *)type->tp_alloc(type, 0);
+    if (!self) {
+        munmap(addr, (size_t)size);
+        return NULL;
+    }
+    self->addr = addr;
+    self->size = size;
+    return (PyObject *)self;
+}
+
+static void
+mapping_dealloc(Mapping *self)
+{
+    if (self->addr)
+        munmap(self->addr, (size_t)self->size);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+mapping_getbuffer(Mapping *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->addr, self->size, 1, flags);
+}
+
+static Py_ssize_t
+mapping_length(Mapping *self)
+{
+    return self->size;
+}
+
+static PyBufferProcs mapping_as_buffer = {
+    .bf_getbuffer = (getbufferproc)mapping_getbuffer,
+};
+
+static PySequenceMethods mapping_as_sequence = {
+    .sq_length = (lenfunc)mapping_length,
+};
+
+PyDoc_STRVAR(mapping_doc,
+             "Mapping(fd, size)\n--\n\n"
+             "The first ``size`` bytes of the file open on ``fd``, mapped read-only and\n"
+             "shared (the page cache's pages), as a read-only buffer; ``fd`` may be closed\n"
+             "at once. OSError when the kernel refuses the mapping.");
+
+static PyTypeObject MappingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gateway._fastwire.Mapping",
+    .tp_basicsize = sizeof(Mapping),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = mapping_doc,
+    .tp_new = mapping_new,
+    .tp_dealloc = (destructor)mapping_dealloc,
+    .tp_as_buffer = &mapping_as_buffer,
+    .tp_as_sequence = &mapping_as_sequence,
+};
+
 /* ------------------------------------------------------------------------- module */
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
@@ -927,13 +1025,15 @@ add_constants(PyObject *m)
 PyMODINIT_FUNC
 PyInit__fastwire(void)
 {
-    if (make_globals() < 0 || PyType_Ready(&RecordReaderType) < 0)
+    if (make_globals() < 0 || PyType_Ready(&RecordReaderType) < 0 ||
+        PyType_Ready(&MappingType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&fastwire_module);
     if (!m)
         return NULL;
     if (add_constants(m) < 0 ||
-        PyModule_AddObjectRef(m, "RecordReader", (PyObject *)&RecordReaderType) < 0) {
+        PyModule_AddObjectRef(m, "RecordReader", (PyObject *)&RecordReaderType) < 0 ||
+        PyModule_AddObjectRef(m, "Mapping", (PyObject *)&MappingType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import mmap
 import os
 import struct
 from types import ModuleType
@@ -219,3 +220,26 @@ def record_reader(max_record: int) -> Records:
         return RecordReader(max_record)
     reader: Records = c.RecordReader(max_record, RecordError)
     return reader
+
+
+def map_file(fd: int, size: int) -> Buffer:
+    """The first ``size`` (> 0) bytes of the file open on ``fd``, mapped read-only and shared,
+    as a buffer (``memoryview`` it). The C twin keeps no file descriptor; ``mmap.mmap``, the
+    Python twin, keeps a duplicate of ``fd`` open for each mapping (``mapping_fds``). OSError
+    when the kernel refuses the mapping."""
+    c = compiled()
+    if c is None:
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    m: Buffer = c.Mapping(fd, size)
+    return m
+
+
+def mapping_types() -> tuple[type, ...]:
+    """The types ``map_file`` returns (a memoryview's ``obj`` is one of them)."""
+    c = compiled()
+    return (mmap.mmap,) if c is None else (mmap.mmap, c.Mapping)
+
+
+def mapping_fds() -> bool:
+    """Whether each mapping costs a file descriptor (the Python twin's)."""
+    return compiled() is None

@@ -98,10 +98,11 @@ transport's in-flight cap).
 
 from __future__ import annotations
 
-import mmap
+import resource
 from collections import OrderedDict
 from typing import Final
 
+from gateway import fastwire
 from gateway.data.sketch import FrequencySketch, key_hash
 from gateway.data.stats import DataStats
 
@@ -155,9 +156,24 @@ def _moved(e: _Entry, seg: int) -> _Entry:
     return (e[0], e[1], seg, e[3], e[4], e[5])
 
 
+def mapping_limit() -> int:
+    """How many mappings a cache may hold: half the kernel's per-process limit on memory
+    areas (``vm.max_map_count``, 65,530 by default; the interpreter and its libraries use a
+    few hundred), at most 32,768; with the Python twin's ``mmap.mmap`` also a quarter of the
+    open-file limit. A mapping the kernel refuses anyway is read as a copy."""
+    try:
+        with open("/proc/sys/vm/max_map_count", encoding="ascii") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        limit = 65_530
+    if fastwire.mapping_fds():  # mmap.mmap keeps a descriptor per mapping: a quarter of them
+        limit = min(limit, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
+    return max(0, min(32_768, limit // 2))
+
+
 def is_mapping(data: bytes | memoryview) -> bool:
     """Whether ``data`` is (a slice of) a file mapping: a shared disk-tier entry's pages."""
-    return type(data) is memoryview and type(data.obj) is mmap.mmap
+    return type(data) is memoryview and isinstance(data.obj, fastwire.mapping_types())
 
 
 class DataCache:
@@ -172,6 +188,7 @@ class DataCache:
         prefetch_fraction: float = 0.25,
         expected_entry_bytes: int = 128 * 1024,
         shared_by: int = 1,
+        max_mappings: int | None = None,
     ) -> None:
         if budget_bytes < 0 or shared_by < 1:
             raise ValueError("budget_bytes must be >= 0, shared_by >= 1")
@@ -181,6 +198,9 @@ class DataCache:
         self._budget = budget_bytes
         self._shared_by = shared_by
         self._mapped = 0  # body bytes of entries that are mappings
+        self._mappings = 0  # entries that are mappings (each one a kernel VMA)
+        self.max_mappings = max_mappings if max_mappings is not None else mapping_limit()
+        """Mappings this cache may hold: a disk hit past it is read as a copy."""
         self._window_share = int(budget_bytes * window_fraction)
         self._window_target = self._window_share
         self._prefetch_cap = int(budget_bytes * prefetch_fraction)
@@ -226,6 +246,11 @@ class DataCache:
     @property
     def spent_bytes(self) -> int:
         return self._spent_bytes
+
+    @property
+    def mappings(self) -> int:
+        """Entries that are mappings of disk-tier files."""
+        return self._mappings
 
     @property
     def prefetch_cap_bytes(self) -> int:
@@ -327,6 +352,7 @@ class DataCache:
         self._entries[bkey] = e
         if is_mapping(data):
             self._mapped += len(data)
+            self._mappings += 1
         obj = (bkey[0], bkey[1])
         keys = self._by_object.get(obj)
         if keys is None:
@@ -359,6 +385,8 @@ class DataCache:
         e = self._entries.get(bkey)
         if e is None or e[_DATA] is not old or len(new) != len(old):
             return False
+        if not is_mapping(old) and self._mappings >= self.max_mappings:
+            return False
         charge = self.charge_of(new)
         seg = e[_SEG]
         d = charge - e[_CHARGE]
@@ -379,7 +407,9 @@ class DataCache:
         else:
             self._spent[bkey] = ne
             self._spent_bytes += d
-        self._mapped += len(new) - (len(old) if is_mapping(old) else 0)
+        if not is_mapping(old):
+            self._mapped += len(new)
+            self._mappings += 1
         self._update_gauges()
         return True
 
@@ -509,6 +539,7 @@ class DataCache:
         self._unindex(k)
         if is_mapping(e[_DATA]):
             self._mapped -= len(e[_DATA])
+            self._mappings -= 1
         self.stats.evictions += 1
         if e[_MARK] == _UNVISITED:
             if e[_SEG] == _AHEAD:
@@ -542,6 +573,7 @@ class DataCache:
         e = self._entries.pop(k)
         if is_mapping(e[_DATA]):
             self._mapped -= len(e[_DATA])
+            self._mappings -= 1
         seg = e[_SEG]
         if seg == _WINDOW:
             del self._window[k]
@@ -586,6 +618,6 @@ class DataCache:
         self._spent.clear()
         self._window_bytes = self._main_bytes = self._prefetch_bytes = 0
         self._ahead_bytes = self._spent_bytes = 0
-        self._mapped = 0
+        self._mapped = self._mappings = 0
         self._sketch = FrequencySketch(self._sketch.capacity)
         self._update_gauges()

@@ -310,12 +310,13 @@ class DiskStore:
 
     # -- reads -----------------------------------------------------------------------------
 
-    async def read(self, k: DiskKey) -> bytes | memoryview | None:
-        """The verified body of ``k``, or None (absent, bad: dropped, or an I/O error). A
-        shared tier's body is a mapping of the entry's pages (``diskfile`` "Mappings")."""
+    async def read(self, k: DiskKey, mapped: bool = True) -> bytes | memoryview | None:
+        """The verified body of ``k``, or None (absent, bad: dropped, or an I/O error): a
+        mapping of the entry's pages (``diskfile`` "Mappings") when ``mapped`` (no copy, and
+        no body allocated by the tier's threads), else a copy."""
         self._sketch.increment(k.hash64)
         st = self.stats
-        read = files.map_entry if self.shared else files.read_entry
+        read = files.map_entry if mapped else files.read_entry
         try:
             status, body, why = await asyncio.get_running_loop().run_in_executor(
                 self._ex, read, self.path(k), k

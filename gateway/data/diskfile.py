@@ -9,15 +9,16 @@ directory scan, eviction by unlink and the mtime touches. Must not: keep state (
 takes what it needs and returns a result) or run on the event loop.
 
 Mappings. A body served as a mapping (``map_entry``, ``write_entry(..., mapped=True)``) is a
-``MAP_SHARED``, ``PROT_READ`` view of the entry file's pages, which are the page cache's: every
-worker process mapping the same entry reads the same physical pages, so the host holds a file
-once however many workers serve it. It is safe because nfsgw never changes an entry file in
+``MAP_SHARED``, ``PROT_READ`` view of the entry file's pages (``fastwire.map_file``: no file
+descriptor kept per mapping, unless the Python twin has to use ``mmap.mmap``), which are the
+page cache's: every worker process mapping the same entry reads the same physical pages, so
+the host holds a file once however many workers serve it. It is safe because nfsgw never changes an entry file in
 place: a new entry is a new inode renamed over the name, eviction and a failed verification
 unlink it, and an unlinked inode lives on until its last mapping is gone. What would break a
 mapping is outside nfsgw: a file under the cache directory truncated or rewritten in place
 by another program (delete files there, never edit them), or the disk failing under a page
-the kernel has to read again; either raises SIGBUS in the process that touches it (docs/
-reliability.md).
+the kernel has to read again; either raises SIGBUS in the process that touches it
+(docs/operations.md, "Disk cache tier").
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import errno
 import fcntl
 import hashlib
 import heapq
-import mmap
 import os
 import stat
 import struct
@@ -36,6 +36,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from gateway import fastwire
 
 __all__ = [
     "LAYOUT",
@@ -165,6 +167,16 @@ def map_entry(path: str, k: DiskKey) -> tuple[int, memoryview | bytes, str]:
     return _open_verified(path, k, mapped=True)
 
 
+def _map(fd: int, size: int, offset: int) -> memoryview | None:
+    """``[offset, size)`` of ``fd`` as a read-only shared mapping; None when the kernel
+    refuses one (ENOMEM: the process is at ``vm.max_map_count``): the caller copies."""
+    try:
+        m = fastwire.map_file(fd, size)
+    except OSError:
+        return None
+    return memoryview(m)[offset:]
+
+
 def _open_verified(path: str, k: DiskKey, mapped: bool) -> tuple[int, memoryview | bytes, str]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -182,11 +194,10 @@ def _open_verified(path: str, k: DiskKey, mapped: bool) -> tuple[int, memoryview
                 body: memoryview | bytes
                 if not k.length:
                     body = b""
-                elif mapped:
-                    m = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ)
-                    body = memoryview(m)[hlen:]
                 else:
-                    body = _pread_all(fd, k.length, hlen)
+                    body = (_map(fd, st.st_size, hlen) if mapped else None) or _pread_all(
+                        fd, k.length, hlen
+                    )
                 if len(body) != k.length:
                     why = "short read"
                 elif zlib.crc32(body) != crc:
@@ -236,8 +247,7 @@ def write_entry(
             if mapped and data:
                 # The inode about to become the entry: its pages are the ones every other
                 # process maps; this process drops its private copy for them.
-                m = mmap.mmap(fd, len(header) + len(data), mmap.MAP_SHARED, mmap.PROT_READ)
-                view = memoryview(m)[len(header) :]
+                view = _map(fd, len(header) + len(data), len(header))
         finally:
             os.close(fd)
         os.rename(tmp, dest)

@@ -529,7 +529,8 @@ class ObjectReader:
                 disk_key(f.store.name, f.key, f.etag, base + lo, hi - lo) for *_, lo, hi in f.blocks
             ]
         todo = [i for i, (_, p, _, _) in enumerate(f.blocks) if not p.future.done()]
-        found = await asyncio.gather(*(disk.read(f.dkeys[i]) for i in todo))
+        mapped = self._cache.mappings + len(todo) <= self._cache.max_mappings
+        found = await asyncio.gather(*(disk.read(f.dkeys[i], mapped) for i in todo))
         missing: list[tuple[int, int]] = []
         for i, data in zip(todo, found, strict=True):
             bkey, p, lo, hi = f.blocks[i]

@@ -194,6 +194,7 @@ def gateway(
     s3 = dict(seaweed.store_kwargs())
     s3["endpoint_url"] = proxy.endpoint_url
     settings.setdefault("cache_data_prefetch", True)
+    settings.setdefault("cache_disk", 0)  # the memory tier's prefetching is measured here
     if exports is None:
         exports = [ExportConfig("/data", f"s3://{bucket}/{PREFIX}", **RO)]
     return GatewayThread(exports, state_dir=tmp_path / "state", s3=s3, **settings)

@@ -274,7 +274,9 @@ def test_two_workers_share_the_disk_tier_a_warm_up_fills_and_restarts_keep(
             before = proxy.counts()["GET"]
             _epoch_over(clients, files, seed=5)
             assert proxy.counts()["GET"] == before  # either worker: 0 GETs
-            assert _metric(gw, "nfsgw_disk_cache_hits_total") >= small
+            # Served from the shared tier: read from disk, or mapped ahead by a prefetcher.
+            assert _metric(gw, "nfsgw_disk_cache_hits_total") > 0
+            assert _metric(gw, "nfsgw_data_cache_mapped_bytes") > 0
             assert _metric(gw, "nfsgw_disk_cache_corrupt_total") == 0
         finally:
             for c in clients:

@@ -49,7 +49,10 @@ CACHE = 16 * MiB
 METADATA = 4 * MiB
 S3_CONNECTIONS = 32  # the backend connection pool: descriptors grow up to it, not past
 OVERHEAD = 64 * MiB  # over the idle process, besides the budgets (see docs/reliability.md)
-GROWTH = 16 * MiB
+# From the first epoch to the last. The memory tier's entries start as private copies (the
+# first epoch's GETs) and become mappings of the disk tier's files (its hits): the mapped
+# pages count in RSS while malloc keeps the copies' freed heap, so up to CACHE more.
+GROWTH = 16 * MiB + CACHE
 
 
 class Sampler:

@@ -515,3 +515,68 @@ def test_record_reader_limits(native: ModuleType) -> None:
         native.RecordReader(5)
     with pytest.raises(TypeError):
         native.RecordReader(5, ValueError).feed("text")
+
+
+# -- file mappings (the disk tier's entries, gateway.data.diskfile) ----------------------------
+
+
+@pytest.mark.parametrize("size", [1, 4095, 4096, 4097, 110_000])
+def test_a_mapping_gives_the_files_bytes_like_mmap_and_keeps_no_descriptor(
+    native: ModuleType, tmp_path: Path, size: int
+) -> None:
+    import mmap
+
+    data = os.urandom(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        m = native.Mapping(fd, size)
+        assert len(os.listdir("/proc/self/fd")) == before  # mmap.mmap keeps a dup'd one
+        ref = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    view = memoryview(m)[size // 3 :]
+    del m  # the view keeps the mapping alive
+    assert bytes(view) == ref[size // 3 :] == data[size // 3 :]
+    assert view.readonly and len(memoryview(ref)) == size
+    with pytest.raises(TypeError):
+        view[0] = 1  # type: ignore[index]
+    path.unlink()  # an unlinked entry stays readable through its mapping
+    assert bytes(view) == data[size // 3 :]
+    ref.close()
+
+
+def test_a_mapping_refuses_what_would_fault(native: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"abc")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for bad in ((fd, 4), (fd, 0), (fd, -5)):  # past the end: SIGBUS when read
+            with pytest.raises(ValueError):
+                native.Mapping(*bad)
+        with pytest.raises(OSError):
+            native.Mapping(10_000, 1)  # not an open descriptor
+        dfd = os.open(tmp_path, os.O_RDONLY)
+        with pytest.raises(ValueError):
+            native.Mapping(dfd, 1)  # a directory
+        os.close(dfd)
+    finally:
+        os.close(fd)
+
+
+def test_map_file_twins_give_the_same_bytes(tmp_path: Path, monkeypatch: Any) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"0123456789" * 1000)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        views = [bytes(memoryview(fastwire.map_file(fd, 10_000))[5:])]
+        monkeypatch.setenv("NFSGW_PURE_PYTHON", "1")
+        fastwire.compiled.cache_clear()
+        assert fastwire.mapping_fds()
+        views.append(bytes(memoryview(fastwire.map_file(fd, 10_000))[5:]))
+    finally:
+        os.close(fd)
+        fastwire.compiled.cache_clear()
+    assert views[0] == views[1] == (b"0123456789" * 1000)[5:]

@@ -223,6 +223,40 @@ class Fuzz:
                     self.cases += 1
 
 
+    def mappings(self, directory: str) -> None:
+        """``Mapping`` of files of many sizes against ``mmap.mmap``: the same bytes through
+        memoryview slices that outlive the object, bad arguments refused the same way."""
+        import mmap
+        import os
+
+        path = os.path.join(directory, "mapped")
+        for size in (1, 2, 4095, 4096, 4097, 65_536, 110_000, 1 << 20):
+            data = self.rng.randbytes(size)
+            with open(path, "wb") as f:
+                f.write(data)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                for n in (1, size // 2 or 1, size):
+                    m = self.c.Mapping(fd, n)
+                    view = memoryview(m)[self.rng.randrange(n) :]
+                    del m  # the view keeps the mapping
+                    ref = mmap.mmap(fd, n, mmap.MAP_SHARED, mmap.PROT_READ)
+                    if bytes(view) != ref[n - len(view) :] or not view.readonly:
+                        raise AssertionError(f"Mapping({size}, {n}) differs")
+                    ref.close()
+                    self.cases += 1
+                for bad in ((fd, 0), (fd, -1), (fd, size + 1), (-1, 1)):
+                    try:
+                        self.c.Mapping(*bad)
+                    except (ValueError, OSError):
+                        self.cases += 1
+                    else:
+                        raise AssertionError(f"Mapping{bad} accepted")
+            finally:
+                os.close(fd)
+            os.unlink(path)
+
+
 def fuzz(so: str, cases: int, seconds: float, seed: int) -> int:
     import importlib.util
 
@@ -236,6 +270,10 @@ def fuzz(so: str, cases: int, seconds: float, seed: int) -> int:
     print(f"seed {seed} (rerun: python {__file__} SO CASES SECONDS SEED)", flush=True)
     f = Fuzz(native, seed)
     f.replies()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        f.mappings(d)
     deadline = time.monotonic() + seconds
     while f.cases < cases and time.monotonic() < deadline:
         f.records(2000)

@@ -203,12 +203,12 @@ async def test_two_warm_ups_of_the_same_objects_make_one_get_each(tmp_path: Path
 
 
 def test_a_mapping_is_charged_its_share_a_private_copy_in_full(tmp_path: Path) -> None:
-    import mmap
+    from gateway import fastwire
 
     p = tmp_path / "f"
     p.write_bytes(b"x" * 40_000)
     with open(p, "rb") as f:
-        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        m = fastwire.map_file(f.fileno(), 40_000)
     cache = DataCache(1 * MiB, shared_by=4)
     view = memoryview(m)[1000:]
     assert is_mapping(view) and not is_mapping(memoryview(b"abc")) and not is_mapping(b"abc")
@@ -220,3 +220,37 @@ def test_a_mapping_is_charged_its_share_a_private_copy_in_full(tmp_path: Path) -
     assert cache.swap(key, cache.lookup(key) or b"", view)
     assert cache.used_bytes == 39_000 // 4 + ENTRY_OVERHEAD
     assert cache.stats.mapped_bytes == 39_000
+
+
+async def test_past_the_mapping_limit_disk_hits_are_copies(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A cache holds at most ``max_mappings`` mappings (each is a kernel memory area, and a
+    process has ``vm.max_map_count`` of them); a mapping the kernel refuses is a copy too."""
+    store = FakeStore()
+    keys = objects(store, 3)
+    disk = await shared_disk(tmp_path / "c")
+    r = worker(disk)
+    for k in keys:
+        await read(r, store, k)
+    await disk.drain()
+    stats = DataStats()
+    capped = ObjectReader(
+        DataCache(64 * MiB, stats=stats, shared_by=2, max_mappings=1), DataConfig(), stats, disk
+    )
+    for k in keys:
+        assert await read(capped, store, k) == store.objects[k][0]
+    held = [cached(capped, store, k) for k in keys]
+    assert [is_mapping(b) for b in held if b is not None] == [True, False, False]
+    assert capped.cache.mappings == 1
+    from gateway import fastwire
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(fastwire, "map_file", refuse)
+    fresh = worker(disk)
+    assert await read(fresh, store, keys[0]) == store.objects[keys[0]][0]
+    body = cached(fresh, store, keys[0])
+    assert body is not None and not is_mapping(body) and store.gets == 3
+    await disk.close()
