@@ -12,13 +12,13 @@ Mappings. A body served as a mapping (``map_entry``, ``write_entry(..., mapped=T
 ``MAP_SHARED``, ``PROT_READ`` view of the entry file's pages (``fastwire.map_file``: no file
 descriptor kept per mapping, unless the Python twin has to use ``mmap.mmap``), which are the
 page cache's: every worker process mapping the same entry reads the same physical pages, so
-the host holds a file once however many workers serve it. It is safe because nfsgw never changes an entry file in
-place: a new entry is a new inode renamed over the name, eviction and a failed verification
-unlink it, and an unlinked inode lives on until its last mapping is gone. What would break a
-mapping is outside nfsgw: a file under the cache directory truncated or rewritten in place
-by another program (delete files there, never edit them), or the disk failing under a page
-the kernel has to read again; either raises SIGBUS in the process that touches it
-(docs/operations.md, "Disk cache tier").
+the host holds a file once however many workers serve it. It is safe because nfsgw never
+changes an entry file in place: a new entry is a new inode renamed over the name, eviction
+and a failed verification unlink it, and an unlinked inode lives on until its last mapping
+is gone. What would break a mapping is outside nfsgw: a file under the cache directory
+truncated or rewritten in place by another program (delete files there, never edit them),
+or the disk failing under a page the kernel has to read again; either raises SIGBUS in the
+process that touches it (docs/operations.md, "Disk cache tier").
 """
 
 from __future__ import annotations
