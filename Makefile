@@ -15,15 +15,16 @@ DEB_PKGS := libnfs-utils tshark qemu-system-x86 prometheus
 
 venv: $(VENV)/.installed
 
-# The editable install also builds the compiled fast path, gateway/_fastwire.c, and the CRCs,
-# gateway/_checksums.c, in place (setup.py; without a C compiler they are skipped and the
-# gateway runs their Python twins). An edit of the C reinstalls; the old modules go first, so
-# a build that fails leaves none (the tests then say so) rather than a stale one.
-FASTWIRE := setup.py gateway/_fastwire.c gateway/_checksums.c
+# The editable install also builds the compiled fast path, gateway/_fastwire.c, the CRCs,
+# gateway/_checksums.c, and the LIST page parser, gateway/_s3list.c, in place (setup.py;
+# without a C compiler they are skipped and the gateway runs their Python twins). An edit of
+# the C reinstalls; the old modules go first, so a build that fails leaves none (the tests then
+# say so) rather than a stale one.
+FASTWIRE := setup.py gateway/_fastwire.c gateway/_checksums.c gateway/_s3list.c
 $(VENV)/.installed: pyproject.toml $(FASTWIRE)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	rm -f gateway/_fastwire.*.so gateway/_checksums.*.so
+	rm -f gateway/_fastwire.*.so gateway/_checksums.*.so gateway/_s3list.*.so
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
@@ -33,7 +34,7 @@ $(VENV)/.installed-demo: pyproject.toml $(FASTWIRE)
 	@echo "installing nfsgw and its loadgen extra into $(VENV) (first run: a minute or so) ..."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	rm -f gateway/_fastwire.*.so gateway/_checksums.*.so
+	rm -f gateway/_fastwire.*.so gateway/_checksums.*.so gateway/_s3list.*.so
 	$(PY) -m pip install -q -e '.[loadgen]'
 	touch $@
 
@@ -91,4 +92,4 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis demo-results build
-	rm -f gateway/_fastwire.*.so gateway/_checksums.*.so
+	rm -f gateway/_fastwire.*.so gateway/_checksums.*.so gateway/_s3list.*.so

@@ -7,8 +7,10 @@ reply that is not what S3 sends (the store retries those). Must not: do I/O, rea
 log, or decide what an error code means (retry, expired credentials, not found: ``s3.py``
 does that).
 
-``parse_list`` is the hot one: a LIST page costs the gateway about 6 ms of CPU per 1,000
-keys, most of it here (``benchmarks/s3_client_cpu.py`` measures the share).
+``parse_list`` is the hot one. It runs the compiled twin ``gateway._s3list`` (C, built by the
+package's own build) and ``parse_list_reference`` (ElementTree, the reference) only for a
+page the C does not fully understand (it returns None, never guesses) or when the C is not
+there (``NFSGW_PURE_PYTHON=1``, or not built: ``compiled``). TODO(measure): cost statement.
 
 Body checksums (which one a GET reply carries, computing it) are ``checksums.py``'s.
 """
@@ -16,11 +18,16 @@ Body checksums (which one a GET reply carries, computing it) are ``checksums.py`
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import email.utils
+import functools
+import importlib
+import os
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from functools import lru_cache
+from types import ModuleType
 from typing import Final
 from urllib.parse import unquote_to_bytes
 from xml.sax.saxutils import escape as xml_escape
@@ -97,10 +104,43 @@ def _url_decode(s: str) -> str:
     return unquote_to_bytes(s.replace("+", " ")).decode("utf-8")
 
 
+@functools.cache
+def compiled() -> ModuleType | None:
+    """``gateway._s3list``, or None: ``NFSGW_PURE_PYTHON=1`` asks for the reference, the
+    extension was not built, or ``ObjectInfo`` no longer has the fields the C sets."""
+    if os.environ.get("NFSGW_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    fields = [(f.name, f.default_factory) for f in dataclasses.fields(ObjectInfo)]
+    if fields != [(n, dataclasses.MISSING) for n in _C_FIELDS] + [("metadata", dict)]:
+        return None
+    try:
+        return importlib.import_module("gateway._s3list")
+    except ImportError:
+        return None
+
+
+_C_FIELDS: Final = ("key", "size", "etag", "mtime_ns")
+
+
 def parse_list(body: bytes) -> ListPage:
     """One ListObjectsV2 result (``encoding-type=url`` honoured; keys that are not UTF-8
-    are counted in ``skipped``). Fast path: one pass over the children of the root and of
-    each ``Contents`` (ElementTree's C parser; ~1 ms per 1,000 keys)."""
+    are counted in ``skipped``): the compiled twin's, else ``parse_list_reference``'s."""
+    c = compiled()
+    got = None if c is None else c.parse(body, ObjectInfo, _iso_date_ns)
+    if got is None:
+        return parse_list_reference(body)
+    objects, prefixes, next_token, truncated, skipped = got
+    if not truncated:
+        next_token = None
+    elif next_token is None:
+        raise MalformedReply("truncated listing without NextContinuationToken")
+    return ListPage(objects, prefixes, next_token, skipped)
+
+
+def parse_list_reference(body: bytes) -> ListPage:
+    """``parse_list`` with ElementTree: the reference the C twin is tested against, and what
+    parses the pages the C does not understand. One pass over the children of the root and
+    of each ``Contents`` (ElementTree's C parser)."""
     root = xml_root(body)
     tag = root.tag
     ns = tag[: tag.index("}") + 1] if tag.startswith("{") else ""
