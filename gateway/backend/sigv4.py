@@ -85,12 +85,13 @@ class SigV4Signer:
     """Signs requests for one region and service. Thread-compatible (the key cache is a
     dict swap); one instance per store."""
 
-    __slots__ = ("_key_cache", "region", "service")
+    __slots__ = ("_key_cache", "_pads", "region", "service")
 
     def __init__(self, region: str, service: str = "s3") -> None:
         self.region = region
         self.service = service
         self._key_cache: tuple[str, str, bytes] | None = None
+        self._pads: tuple[str, str, _Pads, str] | None = None
 
     def signing_key(self, secret_key: str, datestamp: str) -> bytes:
         cached = self._key_cache
@@ -118,7 +119,10 @@ class SigV4Signer:
         canonical query string (see ``canonical_query``), ``headers`` lowercase names that
         will all be signed and must include ``host``. Adds ``x-amz-date``,
         ``x-amz-content-sha256``, ``x-amz-security-token`` (session credentials) and
-        ``authorization``."""
+        ``authorization``.
+
+        One HMAC per request: the signing key (four HMACs) is cached per secret and day
+        (``signing_key``) with its HMAC pads and the scope (``_day``, ``_hmac_pads``)."""
         date = date or amz_date()
         headers["x-amz-date"] = date
         headers["x-amz-content-sha256"] = payload_hash
@@ -126,26 +130,48 @@ class SigV4Signer:
             headers["x-amz-security-token"] = creds.token
         names = sorted(headers)
         signed_headers = ";".join(names)
-        canonical_headers = "".join(f"{n}:{_canonical_header_value(headers[n])}\n" for n in names)
-        canonical_request = "\n".join(
-            (method, path, query, canonical_headers, signed_headers, payload_hash)
-        )
+        parts = [method, path, query]
+        for n in names:
+            v = headers[n].strip()  # Trimall, inlined: the common value has no runs
+            if "  " in v:
+                v = " ".join(v.split())
+            parts.append(f"{n}:{v}")
+        parts.append("")
+        parts.append(signed_headers)
+        parts.append(payload_hash)
         datestamp = date[:8]
-        scope = f"{datestamp}/{self.region}/{self.service}/aws4_request"
-        string_to_sign = "\n".join(
-            (
-                ALGORITHM,
-                date,
-                scope,
-                hashlib.sha256(canonical_request.encode("utf-8")).hexdigest(),
-            )
-        )
-        signature = hmac.new(
-            self.signing_key(creds.secret_key, datestamp),
-            string_to_sign.encode("utf-8"),
-            hashlib.sha256,
-        ).hexdigest()
+        key, scope = self._day(creds.secret_key, datestamp)
+        canonical_hash = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+        string_to_sign = f"{ALGORITHM}\n{date}\n{scope}\n{canonical_hash}"
+        inner = key[0].copy()
+        inner.update(string_to_sign.encode())
+        outer = key[1].copy()
+        outer.update(inner.digest())
+        signature = outer.hexdigest()
         headers["authorization"] = (
             f"{ALGORITHM} Credential={creds.access_key}/{scope}, "
             f"SignedHeaders={signed_headers}, Signature={signature}"
         )
+
+    def _day(self, secret_key: str, datestamp: str) -> tuple[_Pads, str]:
+        """(the signing key's HMAC pads, credential scope) for ``datestamp``."""
+        cached = self._pads
+        if cached is None or cached[0] != secret_key or cached[1] != datestamp:
+            pads = _hmac_pads(self.signing_key(secret_key, datestamp))
+            scope = f"{datestamp}/{self.region}/{self.service}/aws4_request"
+            cached = self._pads = (secret_key, datestamp, pads, scope)
+        return cached[2], cached[3]
+
+
+_Pads = tuple["hashlib._Hash", "hashlib._Hash"]
+
+
+def _hmac_pads(key: bytes) -> _Pads:
+    """SHA-256 states after the HMAC inner and outer pads of ``key`` (RFC 2104): the HMAC of
+    a message is then two ``copy()``+``update`` calls, ~0.75 µs against ~1.7 µs for
+    ``hmac.new``/``hmac.digest``, which set up both pads every call."""
+    k = key.ljust(64, b"\0")  # keys longer than the block are hashed first; ours are 32 B
+    return (
+        hashlib.sha256(bytes(b ^ 0x36 for b in k)),
+        hashlib.sha256(bytes(b ^ 0x5C for b in k)),
+    )
