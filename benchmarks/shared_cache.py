@@ -2,12 +2,13 @@
 ``--cache-dir``) next to ``--workers 1`` and nfs-ganesha, over the same files, in one run.
 
     .venv/bin/python benchmarks/shared_cache.py [--files 10000] [--size 110000]
-        [--clients 8] [--rounds 1] [--no-ganesha]
+        [--clients 8] [--rounds 1] [--latency-ms 0] [--no-ganesha] [--pin-workers]
 
 The files: ``benchmarks/workers.py``'s deterministic tree (``--files`` of about ``--size``
 bytes in 100 folders, cached under /var/tmp/nfsgw-workers), uploaded once per run to a
-throw-away SeaweedFS behind a request-counting proxy (``nfsgw-loadgen proxy``, no added
-latency). Each gateway serves ``s3://BUCKET/ds/`` with nothing but the export, the endpoint
+throw-away SeaweedFS behind a request-counting proxy (``nfsgw-loadgen proxy``; no added
+latency unless ``--latency-ms``: the cold epoch with data prefetch against a remote store).
+Each gateway serves ``s3://BUCKET/ds/`` with nothing but the export, the endpoint
 and (for the second) ``--workers 1``: its state directory is fresh, so its disk tier (by
 default under it) starts empty. nfs-ganesha (FSAL_VFS) serves the same files from the local
 folder. The client is the C reader (``benchmarks/nfsread.c``), ``--clients`` connections
@@ -235,7 +236,7 @@ def run(a: argparse.Namespace, ganesha: bool, note: str) -> int:
     with tempfile.TemporaryDirectory(prefix="nfsgw-sc-", dir="/var/tmp") as tmp:
         work = Path(tmp)
         sw = SeaweedServer(data_dir=work / "seaweed").start()
-        proxy = ProxyProcess(sw.endpoint_url, 0.0, work / "proxy.log")
+        proxy = ProxyProcess(sw.endpoint_url, a.latency_ms, work / "proxy.log")
         try:
             upload(sw, tree)
             for rnd in range(a.rounds):
@@ -297,6 +298,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=110_000, help="average file size, bytes")
     p.add_argument("--clients", type=int, default=8, help="connections (C reader threads)")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument(
+        "--latency-ms", type=float, default=0.0, help="added to every backend request (proxy)"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-ganesha", action="store_true")
     p.add_argument(
