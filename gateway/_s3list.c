@@ -458,9 +458,12 @@ scan(const unsigned char *s, const unsigned char *e, Page *pg)
             return FALLBACK;
         s = skip_ws(s + 1, e);
         Span v;
-        if (!take_quoted(&s, e, &v) || span_is(&v, "http://www.w3.org/XML/1998/namespace") ||
+        /* The reserved namespaces cannot be the default one; a '}' would end ElementTree's
+         * "{uri}" early (the reference then rejects the root). */
+        if (!take_quoted(&s, e, &v) || memchr(v.p, '}', (size_t)v.n) != NULL ||
+            span_is(&v, "http://www.w3.org/XML/1998/namespace") ||
             span_is(&v, "http://www.w3.org/2000/xmlns/"))
-            return FALLBACK; /* the reserved namespaces cannot be the default one */
+            return FALLBACK;
     }
     s = skip_ws(s, e);
     Name stack[MAX_DEPTH];
