@@ -1,14 +1,20 @@
 """Client CPU per S3 request: the gateway's own S3 client (``S3Store``: aiohttp + our SigV4
-signer + ``s3wire.parse_list``) against botocore (a boto3 client), on a local SeaweedFS.
+signer + ``s3wire.parse_list``; GET and HEAD over its lean HTTP/1.1 wire, ``http1.py``, or
+over aiohttp) against botocore (a boto3 client), on a local SeaweedFS.
 
     .venv/bin/python benchmarks/s3_client_cpu.py [--objects 300] [--size 4096] [--pages 5]
+        [--wire both|lean|aiohttp] [--no-botocore] [--profile-lean SECONDS]
 
 Starts a throw-away SeaweedFS (``loadgen.seaweed``), uploads ``--objects`` objects of
 ``--size`` bytes and a prefix with ``--pages`` pages of 1,000 keys, then measures this process's CPU
 time (``time.process_time``: user + system, all threads; the server's CPU is not counted) per
 whole-object GET and per 1,000-key ListObjectsV2 page (``Delimiter='/'``), one request at a
-time, best of ``--repeat`` passes. It also times ``parse_list`` alone on the page bodies our
-client received: the share of our LIST cost that is the XML parse.
+time, best of ``--repeat`` passes; and per HEAD of the same objects. ``--wire`` picks the
+store's GET/HEAD wire (``lean_http``): ``both`` measures the lean one and aiohttp, alternating
+passes in one process so both see the same machine. The lean target (issue 25): a 110 kB
+GET (``--size 112640``) at <= 60 µs. ``--profile-lean S`` only runs lean GETs for S seconds
+(to attach ``py-spy record --pid``). It also times ``parse_list`` alone on the page bodies
+our client received: the share of our LIST cost that is the XML parse.
 
 This is why the gateway has its own S3 client (STYLE.md §5). obstore and awscrt are not
 measured here: the project does not depend on them.
@@ -99,33 +105,62 @@ async def capture_list_bodies(store: S3Store) -> list[bytes]:
 
 
 async def measure_ours(
-    sw: SeaweedServer, get_keys: list[str], repeat: int
-) -> tuple[float, float, list[bytes]]:
-    store = S3Store(BUCKET, **sw.store_kwargs())
+    sw: SeaweedServer, get_keys: list[str], repeat: int, wires: list[bool]
+) -> tuple[dict[bool, tuple[float, float]], float, list[bytes]]:
+    """{lean: (CPU per GET, CPU per HEAD)}, CPU per LIST page and the page bodies; the
+    wires' passes alternate."""
+    stores = {lean: S3Store(BUCKET, lean_http=lean, **sw.store_kwargs()) for lean in wires}
     try:
-        for k in get_keys[:20]:  # warm-up: connections, caches, code paths
-            await store.get(k)
+        for store in stores.values():
+            for k in get_keys[:20]:  # warm-up: connections, caches, code paths
+                await store.get(k)
+                await store.head(k)
+        store = next(iter(stores.values()))
         await list_pages(store)
 
-        async def get_pass() -> int:
+        async def get_pass(store: S3Store) -> int:
             for k in get_keys:
                 await store.get(k)
             return len(get_keys)
 
-        best_get = best_list = float("inf")
+        async def head_pass(store: S3Store) -> int:
+            for k in get_keys:
+                await store.head(k)
+            return len(get_keys)
+
+        best = {lean: [float("inf"), float("inf")] for lean in wires}
+        best_list = float("inf")
         for _ in range(repeat):
-            with gc_paused():
-                t0 = time.process_time()
-                n = await get_pass()
-                best_get = min(best_get, (time.process_time() - t0) / n)
+            for lean, s in stores.items():
+                for i, one_pass in enumerate((get_pass, head_pass)):
+                    with gc_paused():
+                        t0 = time.process_time()
+                        n = await one_pass(s)
+                        best[lean][i] = min(best[lean][i], (time.process_time() - t0) / n)
             with gc_paused():
                 t0 = time.process_time()
                 n = await list_pages(store)
                 best_list = min(best_list, (time.process_time() - t0) / n)
         bodies = await capture_list_bodies(store)
     finally:
+        for s in stores.values():
+            await s.close()
+    return {lean: (g, h) for lean, (g, h) in best.items()}, best_list, bodies
+
+
+async def profile_lean(sw: SeaweedServer, get_keys: list[str], seconds: float) -> int:
+    """Lean GETs in a loop for ``seconds`` (for py-spy); the number done."""
+    store = S3Store(BUCKET, lean_http=True, **sw.store_kwargs())
+    n = 0
+    try:
+        t_end = time.monotonic() + seconds
+        while time.monotonic() < t_end:
+            for k in get_keys:
+                await store.get(k)
+            n += len(get_keys)
+    finally:
         await store.close()
-    return best_get, best_list, bodies
+    return n
 
 
 # --------------------------------------------------------------------------- botocore
@@ -183,6 +218,20 @@ def main() -> None:
         "--pages", type=int, default=5, help="1,000-key LIST pages under the prefix (default 5)"
     )
     p.add_argument("--repeat", type=int, default=3, help="passes; the best counts (default 3)")
+    p.add_argument(
+        "--wire",
+        choices=("both", "lean", "aiohttp"),
+        default="both",
+        help="GET/HEAD wire of S3Store (default both)",
+    )
+    p.add_argument("--no-botocore", action="store_true", help="skip the botocore client")
+    p.add_argument(
+        "--profile-lean",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="only run lean GETs for this long (attach py-spy), then exit",
+    )
     a = p.parse_args()
     if a.objects < 1 or a.pages < 1 or a.repeat < 1 or a.size < 0:
         p.error("--objects, --pages and --repeat must be >= 1, --size >= 0")
@@ -202,21 +251,41 @@ def main() -> None:
                 await store.close()
 
         asyncio.run(setup())
-        ours_get, ours_list, bodies = asyncio.run(measure_ours(sw, get_keys, a.repeat))
-        boto_get, boto_list = measure_botocore(sw, get_keys, a.repeat)
+        if a.profile_lean > 0:
+            n = asyncio.run(profile_lean(sw, get_keys, a.profile_lean))
+            print(f"{n} lean GETs in {a.profile_lean:.0f} s")
+            return
+        wires = {"both": [True, False], "lean": [True], "aiohttp": [False]}[a.wire]
+        ours, ours_list, bodies = asyncio.run(measure_ours(sw, get_keys, a.repeat, wires))
+        boto = None if a.no_botocore else measure_botocore(sw, get_keys, a.repeat)
     parse = parse_cpu_per_page(bodies, a.repeat)
     pages = len(bodies)
     elapsed = time.monotonic() - t_start
 
     print(
-        f"S3 client CPU per request: SeaweedFS on 127.0.0.1, {a.objects} GETs of {a.size} B, "
-        f"{pages} LIST pages of {PAGE_KEYS:,} keys, one request at a time, best of {a.repeat}"
+        f"S3 client CPU per request: SeaweedFS on 127.0.0.1, {a.objects} GETs and HEADs of "
+        f"{a.size} B objects, {pages} LIST pages of {PAGE_KEYS:,} keys, one request at a "
+        f"time, best of {a.repeat}"
     )
     print()
-    print(f"{'client':<28}{'µs CPU / GET':>14}{'ms CPU / LIST page':>20}")
-    print(f"{'nfsgw S3Store (aiohttp)':<28}{ours_get * 1e6:>14.0f}{ours_list * 1e3:>20.2f}")
-    print(f"{'botocore (boto3 client)':<28}{boto_get * 1e6:>14.0f}{boto_list * 1e3:>20.2f}")
-    print(f"{'botocore / ours':<28}{boto_get / ours_get:>13.1f}x{boto_list / ours_list:>19.1f}x")
+    print(f"{'client':<32}{'µs CPU / GET':>14}{'µs CPU / HEAD':>15}{'ms CPU / LIST page':>20}")
+    names = {True: "nfsgw S3Store (lean GET/HEAD)", False: "nfsgw S3Store (aiohttp)"}
+    for lean, (g, h) in ours.items():
+        print(f"{names[lean]:<32}{g * 1e6:>14.0f}{h * 1e6:>15.0f}{ours_list * 1e3:>20.2f}")
+    if True in ours and False in ours:
+        (lg, lh), (ag, ah) = ours[True], ours[False]
+        print(f"{'aiohttp / lean':<32}{ag / lg:>13.1f}x{ah / lh:>14.1f}x")
+    if boto is not None:
+        boto_get, boto_list = boto
+        ours_get = min(g for g, _ in ours.values())
+        print(
+            f"{'botocore (boto3 client)':<32}{boto_get * 1e6:>14.0f}{'':>15}"
+            f"{boto_list * 1e3:>20.2f}"
+        )
+        print(
+            f"{'botocore / ours (best)':<32}{boto_get / ours_get:>13.1f}x{'':>15}"
+            f"{boto_list / ours_list:>19.1f}x"
+        )
     print()
     print(
         f"XML parse alone (s3wire.parse_list) on our {pages} page bodies: "

@@ -1,0 +1,607 @@
+"""A lean HTTP/1.1 client for the S3 store's GET and HEAD: one keep-alive connection pool per
+endpoint on ``asyncio.BufferedProtocol``, the reply's body received straight into a buffer
+of its ``Content-Length``.
+
+Owns: ``ReplyReader`` (sans-I/O: the framing of one reply, RFC 9112 §2-§7, written into the
+buffers it hands out), ``Reply``, ``Pool`` (connect, TLS, keep-alive, idle bound, timeouts,
+cancellation) and the errors ``HttpError`` / ``ConnectionClosed`` / ``Unframed``, all
+``ConnectionError``s, so the store retries them like aiohttp's. Must not: sign, retry, know
+S3 or map statuses to errors (``s3.py`` does those); send request bodies (aiohttp carries
+PUT, POST, DELETE and LIST).
+
+Why: aiohttp's request and response machinery was ~60 % of the ~220-280 µs of CPU a 110 kB
+GET cost (``benchmarks/s3_client_cpu.py``); a bare asyncio keep-alive GET costs ~35 µs. The
+request goes out in one ``transport.write`` of bytes built by the caller; the status line
+and headers are parsed from the first bytes received (at most ``max_header_bytes``); the
+body is received into ``bytearray(content_length)`` through ``get_buffer`` /
+``buffer_updated``: one ``recv_into`` per arrival, no chunk lists, no joins. Only the bytes
+of the body that came with the headers (at most ``_HEAD_CHUNK``) are copied.
+
+Framing rules (RFC 9112 §6.3): a reply to HEAD, a 1xx (skipped, except 101), 204 or 304 has
+no body; ``Transfer-Encoding`` wins over ``Content-Length`` (and the connection closes after);
+chunked bodies and bodies delimited by the close are read (bounded by ``max_unframed_body``)
+only for non-2xx replies, which S3 error documents may be; a 2xx body without a
+``Content-Length`` raises ``Unframed`` (the store then falls back to aiohttp). A connection
+is reused only after its reply was read to the end, and only if the reply allows it
+(``Connection: close``, HTTP/1.0 without keep-alive, close-delimited bodies, bytes after the
+reply: closed). A connection that failed, timed out or whose request was cancelled is
+aborted, never pooled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+from typing import Final
+
+_HEAD_CHUNK: Final = 4096  # first read; grown by doubling up to max_header_bytes
+_SCRATCH: Final = 16384  # read size for chunked and close-delimited (error) bodies
+_MAX_LINE: Final = 4096  # a chunk-size or trailer line
+
+# ReplyReader states
+_HEAD: Final = 0
+_BODY: Final = 1  # Content-Length bytes into self.body
+_CHUNKED: Final = 2
+_UNTIL_CLOSE: Final = 3
+_DONE: Final = 4
+
+# chunked sub-states
+_C_SIZE: Final = 0
+_C_DATA: Final = 1
+_C_CRLF: Final = 2
+_C_TRAILER: Final = 3
+
+
+class HttpError(ConnectionError):
+    """A reply that breaks HTTP/1.1 framing (bad status line, bad header, oversized head,
+    bad chunk): the connection is closed; worth retrying."""
+
+
+class ConnectionClosed(HttpError):
+    """The server closed the connection before the reply was complete."""
+
+
+class Unframed(HttpError):
+    """A 2xx reply whose body has no ``Content-Length`` (chunked or delimited by the close):
+    the lean path does not receive those; the caller may send the request another way."""
+
+
+class Reply:
+    """One reply: ``status``, ``headers`` (names lowercase; repeated ones joined with
+    ``", "``) and ``body``."""
+
+    __slots__ = ("body", "headers", "reason", "status", "version")
+
+    def __init__(
+        self, version: str, status: int, reason: str, headers: dict[str, str], body: bytearray
+    ) -> None:
+        self.version = version
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.body = body
+
+
+_EMPTY: Final = bytearray()
+
+
+def parse_head(
+    text: str,
+) -> tuple[str, int, str, dict[str, str]]:
+    """(version, status, reason, headers) of a reply head without its final CRLF CRLF.
+    Raises ``HttpError`` for anything RFC 9112 does not allow a server to send (bare LF or
+    CR, obsolete line folding, whitespace before a colon, a bad status line)."""
+    lines = text.split("\r\n")
+    if text.count("\n") != len(lines) - 1 or "\r" in text.replace("\r\n", ""):
+        raise HttpError("bare CR or LF in a reply head")
+    version, _, rest = lines[0].partition(" ")
+    code, _, reason = rest.partition(" ")
+    if version not in ("HTTP/1.1", "HTTP/1.0") or len(code) != 3 or not code.isdigit():
+        raise HttpError(f"bad status line {lines[0][:100]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name[-1] in " \t" or name[0] in " \t":
+            raise HttpError(f"bad header line {line[:100]!r}")
+        name = name.lower()
+        value = value.strip(" \t")
+        if name in headers:
+            headers[name] = f"{headers[name]}, {value}"
+        else:
+            headers[name] = value
+    return version, int(code), reason, headers
+
+
+def _content_length(value: str) -> int:
+    """RFC 9110 §8.6: digits; a list of identical values is that value."""
+    first = value
+    if "," in value:
+        values = {v.strip() for v in value.split(",")}
+        if len(values) != 1:
+            raise HttpError(f"conflicting Content-Length {value[:100]!r}")
+        first = values.pop()
+    if not first.isdigit() or not first.isascii():
+        raise HttpError(f"bad Content-Length {value[:100]!r}")
+    return int(first)
+
+
+class ReplyReader:
+    """Sans-I/O framing of one reply. The transport writes into ``buffer()`` and reports
+    how much with ``written(n)``, which returns True once the reply is complete (then
+    ``reply``, ``keep_alive`` and ``extra`` are set); ``eof()`` when the peer closed.
+    Errors raise ``HttpError``.
+
+    ``head_request``: the request was HEAD (no body whatever the headers say).
+    ``max_header_bytes`` bounds the status line and headers; ``max_unframed_body`` a chunked
+    or close-delimited (error) body."""
+
+    __slots__ = (
+        "_bpos",
+        "_chunk_left",
+        "_cstate",
+        "_head",
+        "_hlen",
+        "_line",
+        "_max_body",
+        "_max_head",
+        "_scratch",
+        "_state",
+        "body",
+        "extra",
+        "head_request",
+        "keep_alive",
+        "reply",
+    )
+
+    def __init__(
+        self,
+        head_request: bool = False,
+        *,
+        max_header_bytes: int = 64 * 1024,
+        max_unframed_body: int = 1 << 20,
+    ) -> None:
+        self.head_request = head_request
+        self._max_head = max_header_bytes
+        self._max_body = max_unframed_body
+        self._head = bytearray(_HEAD_CHUNK)
+        self._hlen = 0
+        self._state = _HEAD
+        self.body = _EMPTY
+        self._bpos = 0
+        self._scratch: bytearray | None = None
+        self._cstate = _C_SIZE
+        self._chunk_left = 0
+        self._line = bytearray()
+        self.reply: Reply | None = None
+        self.keep_alive = False
+        self.extra = 0  # bytes received after the end of the reply (the connection is unusable)
+
+    @property
+    def done(self) -> bool:
+        return self._state == _DONE
+
+    @property
+    def started(self) -> bool:
+        """Whether any byte of the reply arrived."""
+        return self._hlen > 0 or self._state != _HEAD
+
+    def buffer(self) -> memoryview:
+        """Where the next bytes go (never empty while the reply is incomplete)."""
+        state = self._state
+        if state == _BODY:
+            return memoryview(self.body)[self._bpos :]
+        if state == _HEAD:
+            head = self._head
+            if self._hlen == len(head):
+                if len(head) >= self._max_head + 4:
+                    raise HttpError(f"reply head over {self._max_head} bytes")
+                head.extend(bytes(min(len(head), self._max_head + 4 - len(head))))
+            return memoryview(head)[self._hlen :]
+        if state == _DONE:
+            raise HttpError("bytes after the end of the reply")
+        if self._scratch is None:
+            self._scratch = bytearray(_SCRATCH)
+        return memoryview(self._scratch)
+
+    def written(self, n: int) -> bool:
+        """``n`` bytes were written into the last ``buffer()``; True when the reply is
+        complete."""
+        state = self._state
+        if state == _BODY:
+            self._bpos += n
+            if self._bpos == len(self.body):
+                self._state = _DONE
+                return True
+            return False
+        if state == _HEAD:
+            start = max(0, self._hlen - 3)
+            self._hlen += n
+            end = self._head.find(b"\r\n\r\n", start, self._hlen)
+            if end < 0:
+                if self._hlen > self._max_head:
+                    raise HttpError(f"reply head over {self._max_head} bytes")
+                return False
+            return self._headed(end)
+        if state == _DONE:
+            self.extra += n
+            return True
+        assert self._scratch is not None
+        return self._more(memoryview(self._scratch)[:n])
+
+    def eof(self) -> bool:
+        """The peer closed its side: True if that ends the reply (a close-delimited body),
+        else raises ``ConnectionClosed``."""
+        if self._state == _UNTIL_CLOSE:
+            self._state = _DONE
+            self.keep_alive = False
+            return True
+        if self._state == _DONE:
+            return True
+        if self._state == _BODY:
+            raise ConnectionClosed(
+                f"connection closed after {self._bpos} of {len(self.body)} body bytes"
+            )
+        if self._state == _HEAD and self._hlen == 0:
+            raise ConnectionClosed("connection closed before a reply")
+        raise ConnectionClosed("connection closed inside a reply")
+
+    # -------------------------------------------------------------------- internals
+
+    def _headed(self, end: int) -> bool:
+        """The head ends at ``end`` (the CRLF CRLF): parse it, set up the body."""
+        head = self._head
+        if end > self._max_head:
+            raise HttpError(f"reply head over {self._max_head} bytes")
+        version, status, reason, headers = parse_head(head[:end].decode("latin-1"))
+        rest = memoryview(head)[end + 4 : self._hlen]
+        if 100 <= status < 200:
+            if status == 101:
+                raise HttpError("unexpected 101 Switching Protocols")
+            # An interim reply (100 Continue): the real one follows.
+            left = bytes(rest)
+            rest.release()
+            self._head = bytearray(max(_HEAD_CHUNK, len(left)))
+            self._head[: len(left)] = left
+            self._hlen = 0
+            return self.written(len(left)) if left else False
+        conn = headers.get("connection", "").lower()
+        self.reply = Reply(version, status, reason, headers, _EMPTY)
+        self.keep_alive = "close" not in conn if version == "HTTP/1.1" else "keep-alive" in conn
+        te = headers.get("transfer-encoding")
+        if self.head_request or status in (204, 304):
+            length = 0
+        elif te is not None:
+            if te.lower().rpartition(",")[2].strip() != "chunked":
+                raise HttpError(f"unsupported Transfer-Encoding {te[:100]!r}")
+            if 200 <= status < 300:
+                raise Unframed(f"HTTP {status} with a chunked body")
+            self.keep_alive = False  # rare (error documents); closing is the simple, safe end
+            self._state = _CHUNKED
+            return self._more(rest) if len(rest) else False
+        elif (cl := headers.get("content-length")) is not None:
+            length = _content_length(cl)
+        else:
+            if 200 <= status < 300:
+                raise Unframed(f"HTTP {status} without Content-Length")
+            self.keep_alive = False
+            self._state = _UNTIL_CLOSE
+            return self._more(rest) if len(rest) else False
+        have = len(rest)
+        if length == 0:
+            self._state = _DONE
+            self.extra = have
+            return True
+        body = bytearray(length)
+        take = min(have, length)
+        body[:take] = rest[:take]
+        self.body = self.reply.body = body
+        self._bpos = take
+        self.extra = have - take
+        if take == length:
+            self._state = _DONE
+            return True
+        self._state = _BODY
+        return False
+
+    def _grow(self, data: memoryview) -> None:
+        if len(self.body) + len(data) > self._max_body:
+            raise HttpError(f"error body over {self._max_body} bytes")
+        if self.body is _EMPTY:
+            self.body = bytearray()
+            assert self.reply is not None
+            self.reply.body = self.body
+        self.body += data
+
+    def _more(self, data: memoryview) -> bool:
+        """Bytes of a chunked or close-delimited body."""
+        if self._state == _UNTIL_CLOSE:
+            self._grow(data)
+            return False
+        pos, n = 0, len(data)
+        while pos < n:
+            cstate = self._cstate
+            if cstate == _C_DATA:
+                take = min(self._chunk_left, n - pos)
+                self._grow(data[pos : pos + take])
+                pos += take
+                self._chunk_left -= take
+                if self._chunk_left == 0:
+                    self._cstate = _C_CRLF
+                continue
+            # a line: a chunk size, the CRLF after a chunk, or a trailer line
+            nl = bytes(data[pos:n]).find(b"\n")
+            if nl < 0:
+                self._line += data[pos:n]
+                if len(self._line) > _MAX_LINE:
+                    raise HttpError("chunk line too long")
+                return False
+            self._line += data[pos : pos + nl + 1]
+            pos += nl + 1
+            line = bytes(self._line)
+            self._line.clear()
+            if len(line) > _MAX_LINE:
+                raise HttpError("chunk line too long")
+            if not line.endswith(b"\r\n"):
+                raise HttpError("bare LF in a chunked body")
+            line = line[:-2]
+            if cstate == _C_CRLF:
+                if line:
+                    raise HttpError("no CRLF after a chunk")
+                self._cstate = _C_SIZE
+            elif cstate == _C_SIZE:
+                size = line.partition(b";")[0].strip(b" \t")
+                if not size or size.strip(b"0123456789abcdefABCDEF"):
+                    raise HttpError(f"bad chunk size {line[:40]!r}")
+                self._chunk_left = int(size, 16)
+                if self._chunk_left:
+                    self._cstate = _C_DATA
+                else:
+                    self._cstate = _C_TRAILER
+            elif not line:  # the empty line after the trailers: the end
+                self._state = _DONE
+                self.extra = n - pos
+                return True
+        return False
+
+
+# ------------------------------------------------------------------------ connections
+
+
+class _Conn(asyncio.BufferedProtocol):
+    """One connection: at most one request in flight; bytes that arrive with none are a
+    protocol error (the connection is then unusable)."""
+
+    __slots__ = ("_expire", "_fut", "_loop", "broken", "reader", "transport")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.reader: ReplyReader | None = None
+        self._fut: asyncio.Future[ReplyReader] | None = None
+        self.broken = False
+        self._expire: asyncio.TimerHandle | None = None
+
+    # protocol callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        r = self.reader
+        if r is None:  # unsolicited bytes: read them away, then drop the connection
+            self.broken = True
+            return memoryview(bytearray(_SCRATCH))
+        try:
+            return r.buffer()
+        except HttpError as e:
+            self._fail(e)
+            return memoryview(bytearray(_SCRATCH))
+
+    def buffer_updated(self, nbytes: int) -> None:
+        r = self.reader
+        if r is None:
+            self._abort()
+            return
+        try:
+            done = r.written(nbytes)
+        except HttpError as e:
+            self._fail(e)
+            return
+        if done:
+            self._finish()
+
+    def eof_received(self) -> bool:
+        r = self.reader
+        self.broken = True
+        if r is not None:
+            try:
+                if r.eof():
+                    self._finish()
+            except HttpError as e:
+                self._fail(e)
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.broken = True
+        if self.reader is not None:
+            err = ConnectionClosed(f"connection lost: {exc}" if exc else "connection closed")
+            self._fail(err)
+
+    # the request side
+    def exchange(
+        self, request: bytes, reader: ReplyReader, deadline: float
+    ) -> asyncio.Future[ReplyReader]:
+        """Send ``request``; the future completes with ``reader`` done, or fails
+        (``HttpError``, ``TimeoutError`` at ``deadline`` on the loop's clock)."""
+        fut = self._loop.create_future()
+        assert self.transport is not None and self.reader is None
+        self.reader = reader
+        self._fut = fut
+        self._expire = self._loop.call_at(deadline, self._timed_out)
+        self.transport.write(request)
+        return fut
+
+    def _timed_out(self) -> None:
+        self._expire = None
+        self._fail(TimeoutError("no complete reply before the deadline"))
+
+    def _finish(self) -> None:
+        r, fut = self.reader, self._fut
+        self.reader = self._fut = None
+        if self._expire is not None:
+            self._expire.cancel()
+            self._expire = None
+        if r is not None and (not r.keep_alive or r.extra):
+            self.broken = True
+        if fut is not None and not fut.done():
+            fut.set_result(r)  # type: ignore[arg-type]
+
+    def _fail(self, exc: BaseException) -> None:
+        fut = self._fut
+        self.reader = self._fut = None
+        if self._expire is not None:
+            self._expire.cancel()
+            self._expire = None
+        self._abort()
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+
+    def _abort(self) -> None:
+        self.broken = True
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.abort()
+
+    def close(self) -> None:
+        """Drop the connection (whatever it was doing)."""
+        self.reader = None
+        fut, self._fut = self._fut, None
+        if self._expire is not None:
+            self._expire.cancel()
+            self._expire = None
+        if fut is not None and not fut.done():
+            fut.cancel()
+        self._abort()
+
+
+class Pool:
+    """Keep-alive connections to one endpoint (``host``, ``port``, TLS with ``ssl_context``
+    or plain). At most ``limit`` connections open; idle ones are reused newest first and
+    closed after ``idle_s``. ``request`` is safe to cancel: the connection of a request
+    that did not complete is aborted."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        limit: int = 64,
+        idle_s: float = 15.0,
+        max_header_bytes: int = 64 * 1024,
+        max_error_body: int = 1 << 20,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.ssl_context = ssl_context
+        self.server_hostname = server_hostname
+        self.limit = limit
+        self.idle_s = idle_s
+        self.max_header_bytes = max_header_bytes
+        self.max_error_body = max_error_body
+        self._idle: collections.deque[tuple[_Conn, float]] = collections.deque()
+        self._busy = 0
+        self._sweep: asyncio.TimerHandle | None = None
+        self._closed = False
+        self.connects = 0  # connections opened (tests, metrics)
+
+    @property
+    def open_connections(self) -> int:
+        return self._busy + len(self._idle)
+
+    @property
+    def idle_connections(self) -> int:
+        return len(self._idle)
+
+    async def request(
+        self, request: bytes, *, head: bool, timeout_s: float, connect_timeout_s: float
+    ) -> Reply:
+        """Send ``request`` (a whole HTTP/1.1 request without a body) and read its reply.
+        ``timeout_s`` bounds everything (connect included), ``connect_timeout_s`` the
+        connect. Raises ``HttpError`` (``ConnectionClosed``, ``Unframed``), ``OSError``,
+        ``TimeoutError``."""
+        if self._closed:
+            raise ConnectionClosed("pool closed")
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadline = now + timeout_s
+        conn = self._take_idle(now)
+        self._busy += 1
+        reusable = False
+        try:
+            if conn is None:
+                conn = await self._connect(loop, min(connect_timeout_s, timeout_s))
+            reader = ReplyReader(
+                head, max_header_bytes=self.max_header_bytes, max_unframed_body=self.max_error_body
+            )
+            await conn.exchange(request, reader, deadline)
+            reusable = not conn.broken
+            reply = reader.reply
+            assert reply is not None
+            return reply
+        finally:
+            self._busy -= 1
+            if conn is not None:
+                if reusable and not self._closed and self.open_connections < self.limit:
+                    self._put_idle(conn, loop)
+                else:
+                    conn.close()
+
+    def _take_idle(self, now: float) -> _Conn | None:
+        idle = self._idle
+        while idle:
+            conn, since = idle.pop()
+            if conn.broken or now - since > self.idle_s:
+                conn.close()
+                continue
+            return conn
+        return None
+
+    def _put_idle(self, conn: _Conn, loop: asyncio.AbstractEventLoop) -> None:
+        self._idle.append((conn, loop.time()))
+        if self._sweep is None:
+            self._sweep = loop.call_later(self.idle_s, self._sweep_idle, loop)
+
+    def _sweep_idle(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close connections idle longer than ``idle_s`` (oldest are on the left)."""
+        self._sweep = None
+        now = loop.time()
+        idle = self._idle
+        while idle and (idle[0][0].broken or now - idle[0][1] >= self.idle_s):
+            idle.popleft()[0].close()
+        if idle:
+            wait = max(0.05, self.idle_s - (now - idle[0][1]))
+            self._sweep = loop.call_later(wait, self._sweep_idle, loop)
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> _Conn:
+        self.connects += 1
+        async with asyncio.timeout(timeout_s):
+            _, proto = await loop.create_connection(
+                lambda: _Conn(loop),
+                self.host,
+                self.port,
+                ssl=self.ssl_context,
+                server_hostname=self.server_hostname if self.ssl_context else None,
+            )
+        return proto
+
+    def close(self) -> None:
+        """Close idle connections; busy ones close when their request ends."""
+        self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        while self._idle:
+            self._idle.pop()[0].close()

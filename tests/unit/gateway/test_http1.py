@@ -1,0 +1,402 @@
+"""The lean HTTP/1.1 wire (gateway/backend/http1.py) without a network: ``ReplyReader``
+against hand-written replies, each fed whole, split at every byte boundary and byte by
+byte; and ``Pool`` against an in-process asyncio server (keep-alive, Connection: close,
+early close, unsolicited bytes, timeouts, cancellation)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from gateway.backend.http1 import (
+    ConnectionClosed,
+    HttpError,
+    Pool,
+    ReplyReader,
+    Unframed,
+)
+
+
+def feed(reader: ReplyReader, data: bytes, cuts: list[int] | None = None) -> bool:
+    """Write ``data`` through ``buffer()``/``written()`` in pieces ending at ``cuts``
+    (and wherever a buffer is full); True when the reader says the reply is complete."""
+    bounds = [*(cuts or []), len(data)]
+    pos = 0
+    done = False
+    for end in bounds:
+        while pos < end:
+            buf = reader.buffer()
+            n = min(len(buf), end - pos)
+            buf[:n] = data[pos : pos + n]
+            del buf
+            done = reader.written(n)
+            pos += n
+            if done:
+                return True
+    return done
+
+
+def read_all_ways(data: bytes, *, head: bool = False, eof: bool = False) -> list[ReplyReader]:
+    """The reply read whole, split at each boundary, and byte by byte."""
+    splits: list[list[int] | None] = [None, list(range(1, len(data)))]
+    splits += [[i] for i in range(1, len(data))]
+    readers = []
+    for cuts in splits:
+        r = ReplyReader(head)
+        done = feed(r, data, cuts)
+        if eof and not done:
+            done = r.eof()
+        assert done, cuts
+        readers.append(r)
+    return readers
+
+
+OK = (
+    b"HTTP/1.1 200 OK\r\n"
+    b'ETag: "abc"\r\n'
+    b"Content-Length: 11\r\n"
+    b"x-amz-meta-Mode: 644\r\n"
+    b"X-Dup: a\r\n"
+    b"x-dup: b\r\n"
+    b"\r\n"
+    b"hello world"
+)
+
+
+def test_content_length_reply_at_every_split() -> None:
+    for r in read_all_ways(OK):
+        assert r.reply is not None
+        assert (r.reply.status, r.reply.reason, r.reply.version) == (200, "OK", "HTTP/1.1")
+        assert r.reply.headers == {
+            "etag": '"abc"',
+            "content-length": "11",
+            "x-amz-meta-mode": "644",
+            "x-dup": "a, b",
+        }
+        assert bytes(r.reply.body) == b"hello world" and r.keep_alive and not r.extra
+
+
+def test_body_lands_in_one_preallocated_buffer() -> None:
+    body = bytes(range(256)) * 400
+    data = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    r = ReplyReader()
+    first = r.buffer()
+    assert len(first) == 4096  # the head read; the rest goes straight into the body
+    del first
+    assert feed(r, data)
+    assert r.reply is not None and bytes(r.reply.body) == body
+    assert isinstance(r.reply.body, bytearray) and len(r.reply.body) == len(body)
+
+
+def test_head_and_no_body_statuses() -> None:
+    head = b'HTTP/1.1 200 OK\r\nContent-Length: 123456\r\nETag: "e"\r\n\r\n'
+    for r in read_all_ways(head, head=True):
+        assert r.reply is not None and r.reply.body == b"" and r.keep_alive
+        assert r.reply.headers["content-length"] == "123456"
+    for status in (204, 304):
+        for r in read_all_ways(b"HTTP/1.1 %d X\r\nContent-Length: 5\r\n\r\n" % status):
+            assert r.reply is not None and r.reply.status == status and r.reply.body == b""
+
+
+def test_zero_length_and_empty_reason() -> None:
+    for r in read_all_ways(b"HTTP/1.1 200 \r\nContent-Length: 0\r\n\r\n"):
+        assert r.reply is not None and r.reply.reason == "" and r.reply.body == b""
+
+
+def test_interim_100_is_skipped() -> None:
+    data = b"HTTP/1.1 100 Continue\r\n\r\n" + OK
+    for r in read_all_ways(data):
+        assert r.reply is not None and r.reply.status == 200
+        assert bytes(r.reply.body) == b"hello world"
+
+
+ERROR_DOC = b"<Error><Code>NoSuchKey</Code><Message>no</Message></Error>"
+CHUNKED_ERROR = (
+    b"HTTP/1.1 404 Not Found\r\n"
+    b"Content-Type: application/xml\r\n"
+    b"Transfer-Encoding: chunked\r\n"
+    b"\r\n"
+    + b"%x;ext=1\r\n%s\r\n" % (27, ERROR_DOC[:27])
+    + b"%X\r\n%s\r\n" % (14, ERROR_DOC[27:41])
+    + b"%x\r\n%s\r\n" % (len(ERROR_DOC) - 41, ERROR_DOC[41:])
+    + b"0\r\n"
+    b"X-Trailer: t\r\n"
+    b"\r\n"
+)
+
+
+def test_chunked_error_reply_at_every_split() -> None:
+    for r in read_all_ways(CHUNKED_ERROR):
+        assert r.reply is not None and r.reply.status == 404
+        assert bytes(r.reply.body) == ERROR_DOC
+        assert not r.keep_alive and not r.extra
+
+
+def test_close_delimited_error_reply() -> None:
+    data = b"HTTP/1.1 503 Slow Down\r\n\r\n<Error><Code>SlowDown</Code></Error>"
+    for r in read_all_ways(data, eof=True):
+        assert r.reply is not None and r.reply.status == 503 and not r.keep_alive
+        assert bytes(r.reply.body) == b"<Error><Code>SlowDown</Code></Error>"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 206 Partial\r\n\r\n",
+    ],
+)
+def test_2xx_without_length_is_unframed(head: bytes) -> None:
+    with pytest.raises(Unframed):
+        feed(ReplyReader(), head + b"5\r\nhello\r\n0\r\n\r\n")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"HTTP/2 200 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 abc OK\r\nContent-Length: 0\r\n\r\n",
+        b"ICY 200 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nBad Header\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nName : v\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n folded: v\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nA: b\nC: d\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nA: b\rC: d\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\nx",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0x10\r\n\r\n",
+        b"HTTP/1.1 404 NF\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"HTTP/1.1 404 NF\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 404 NF\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabX\r\n",
+        b"HTTP/1.1 101 Switching\r\n\r\n",
+    ],
+)
+def test_bad_replies(data: bytes) -> None:
+    for cuts in (None, list(range(1, len(data)))):
+        with pytest.raises(HttpError):
+            feed(ReplyReader(), data, cuts)
+
+
+def test_same_content_length_twice_is_one() -> None:
+    r = ReplyReader()
+    assert feed(r, b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\nhi")
+    assert r.reply is not None and bytes(r.reply.body) == b"hi"
+
+
+def test_oversized_head() -> None:
+    big = b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * 70_000 + b"\r\n\r\n"
+    with pytest.raises(HttpError, match="over"):
+        feed(ReplyReader(), big)
+    small = ReplyReader(max_header_bytes=100)
+    with pytest.raises(HttpError, match="over 100"):
+        feed(small, b"HTTP/1.1 200 OK\r\nx: " + b"a" * 200 + b"\r\n\r\n")
+    # just under the bound is fine
+    line = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nx: "
+    fits = line + b"a" * (100 - len(line) - 2) + b"\r\n"
+    ok = ReplyReader(max_header_bytes=100)
+    assert feed(ok, fits + b"\r\n")
+
+
+def test_error_body_is_bounded() -> None:
+    r = ReplyReader(max_unframed_body=10)
+    with pytest.raises(HttpError, match="over 10"):
+        feed(r, b"HTTP/1.1 500 X\r\n\r\n" + b"a" * 11)
+
+
+@pytest.mark.parametrize("at", [0, 5, 39, 40, 58])
+def test_early_close_is_retryable(at: int) -> None:
+    data = b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n0123456789abcdefghij"
+    r = ReplyReader()
+    assert not feed(r, data[:at])
+    with pytest.raises(ConnectionClosed):
+        r.eof()
+    assert isinstance(ConnectionClosed("x"), ConnectionError)  # the store retries OSErrors
+
+
+def test_extra_bytes_after_the_body_are_counted() -> None:
+    for r in read_all_ways(OK + b"HTTP/1.1 200 OK\r\n"):
+        assert r.reply is not None and bytes(r.reply.body) == b"hello world"
+    r = ReplyReader()
+    assert feed(r, OK + b"junk")  # arrived in the head read with the body
+    assert r.extra == 4
+    r = ReplyReader()
+    assert feed(r, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\nX")
+    assert r.extra == 1
+
+
+@pytest.mark.parametrize(
+    ("head", "keep"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", True),
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", False),
+        (b"HTTP/1.1 200 OK\r\nConnection: Close\r\nContent-Length: 0\r\n\r\n", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", False),
+        (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n", True),
+    ],
+)
+def test_keep_alive(head: bytes, keep: bool) -> None:
+    r = ReplyReader()
+    assert feed(r, head)
+    assert r.keep_alive is keep
+
+
+# ------------------------------------------------------------------ Pool over a socket
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def server(handler: Handler) -> AsyncIterator[tuple[Pool, list[int]]]:
+    """A local server running ``handler`` per connection; a Pool to it; the list of
+    connections accepted."""
+    accepted: list[int] = []
+
+    async def conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        try:
+            await handler(r, w)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            w.close()
+
+    srv = await asyncio.start_server(conn, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    pool = Pool("127.0.0.1", port, limit=4, idle_s=0.5)
+    try:
+        yield pool, accepted
+    finally:
+        pool.close()
+        srv.close()
+        await srv.wait_closed()
+
+
+REQ = b"GET /b/k HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+def answering(*replies: bytes, then_close: bool = False) -> Handler:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        for reply in replies:
+            await r.readuntil(b"\r\n\r\n")
+            w.write(reply)
+            await w.drain()
+        if not then_close:
+            await r.read()
+
+    return handler
+
+
+async def request(pool: Pool, timeout_s: float = 2.0, head: bool = False) -> bytes:
+    reply = await pool.request(REQ, head=head, timeout_s=timeout_s, connect_timeout_s=1.0)
+    return bytes(reply.body)
+
+
+async def test_keep_alive_reuses_one_connection() -> None:
+    async with server(answering(OK, OK, OK)) as (pool, accepted):
+        for _ in range(3):
+            assert await request(pool) == b"hello world"
+        assert len(accepted) == 1 and pool.connects == 1 and pool.idle_connections == 1
+
+
+async def test_connection_close_is_honoured() -> None:
+    closing = OK.replace(b"ETag", b"Connection: close\r\nETag")
+    async with server(answering(closing, then_close=True)) as (pool, accepted):
+        assert await request(pool) == b"hello world"
+        assert pool.idle_connections == 0
+        assert await request(pool) == b"hello world"
+        assert len(accepted) == 2
+
+
+async def test_early_close_mid_body_raises_and_discards() -> None:
+    cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 40
+    async with server(answering(cut, then_close=True)) as (pool, _):
+        with pytest.raises(ConnectionClosed):
+            await request(pool)
+        assert pool.open_connections == 0
+
+
+async def test_extra_bytes_after_reply_discard_the_connection() -> None:
+    async with server(answering(OK + b"garbage", OK)) as (pool, accepted):
+        assert await request(pool) == b"hello world"
+        assert await request(pool) == b"hello world"
+        assert len(accepted) == 2
+
+
+async def test_first_byte_timeout_discards_the_connection() -> None:
+    async def stall(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhal")  # then nothing
+        await asyncio.sleep(5)
+
+    async with server(stall) as (pool, _):
+        with pytest.raises(TimeoutError):
+            await request(pool, timeout_s=0.2)
+        assert pool.open_connections == 0
+
+
+async def test_cancellation_leaves_nothing_half_read() -> None:
+    async def slow_then_ok(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(0.3)
+        w.write(OK)
+        await w.drain()
+        await r.read()
+
+    async with server(slow_then_ok) as (pool, accepted):
+        task = asyncio.create_task(request(pool))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert pool.open_connections == 0
+        assert await request(pool) == b"hello world"  # a fresh connection, a whole reply
+        assert len(accepted) == 2
+
+
+async def test_server_closing_idle_connection_is_not_reused() -> None:
+    async with server(answering(OK, then_close=True)) as (pool, accepted):
+        assert await request(pool) == b"hello world"
+        await asyncio.sleep(0.1)  # the server's FIN arrives while idle
+        assert await request(pool) == b"hello world"
+        assert len(accepted) == 2
+
+
+async def test_idle_connections_are_closed_after_idle_s() -> None:
+    async with server(answering(OK)) as (pool, _):
+        assert await request(pool) == b"hello world"
+        assert pool.idle_connections == 1
+        await asyncio.sleep(0.8)  # idle_s = 0.5
+        assert pool.idle_connections == 0
+
+
+async def test_unsolicited_bytes_break_an_idle_connection() -> None:
+    async def chatty(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        w.write(OK)
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.write(b"HTTP/1.1 200 OK\r\n")
+        await r.read()
+
+    async with server(chatty) as (pool, accepted):
+        assert await request(pool) == b"hello world"
+        await asyncio.sleep(0.15)
+        assert pool.idle_connections in (0, 1)
+        with contextlib.suppress(ConnectionError):
+            await request(pool)
+        assert len(accepted) == 2
+
+
+async def test_connect_refused_is_oserror() -> None:
+    srv = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    srv.close()
+    await srv.wait_closed()
+    pool = Pool("127.0.0.1", port)
+    with pytest.raises(OSError):
+        await pool.request(REQ, head=False, timeout_s=1.0, connect_timeout_s=0.5)
+    assert pool.open_connections == 0
