@@ -13,6 +13,13 @@ Why not boto3: measured on the reference machine boto3 costs ~1 ms of CPU per GE
 per 1,000-key LIST page; aiohttp plus this signer costs a fraction of that
 (``benchmarks/s3_client_cpu.py``).
 
+Two wires: GET and HEAD go over ``http1.Pool`` (a lean HTTP/1.1 keep-alive pool, the body
+received into one buffer; ~1.5x less CPU per GET and HEAD than aiohttp, docs/benchmarks.md
+"A lean GET"), everything else over aiohttp. ``lean_http=False``, or ``NFSGW_S3_LEAN_HTTP=0``
+in the environment, keeps GET and HEAD on aiohttp; a 2xx reply without a Content-Length
+switches the store to aiohttp for good (``_lean_off``). Everything above the wire (signing,
+retries, ``_error``, ``_get_result``, checksums, the observer) is shared.
+
 Observer contract: ``observer(op, outcome, seconds)`` is called exactly once per HTTP request
 sent. Attempts that will be retried report ``"retry"``; the last attempt reports ``"ok"``,
 ``"not_found"``, ``"precondition"`` or ``"error"``. A GET whose body failed its checksum

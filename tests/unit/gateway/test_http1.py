@@ -400,3 +400,40 @@ async def test_connect_refused_is_oserror() -> None:
     with pytest.raises(OSError):
         await pool.request(REQ, head=False, timeout_s=1.0, connect_timeout_s=0.5)
     assert pool.open_connections == 0
+
+
+async def test_store_falls_back_to_aiohttp_on_a_2xx_without_length() -> None:
+    """A store that sends GET bodies chunked: the lean wire refuses the reply (Unframed), the
+    store retries over aiohttp, which reads it, and stays on aiohttp."""
+    from gateway.backend.config import RetryPolicy
+    from gateway.backend.s3 import S3Store
+
+    chunked = (
+        b'HTTP/1.1 200 OK\r\nETag: "e"\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n'
+    )
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await r.readuntil(b"\r\n\r\n")
+            w.write(chunked)
+            await w.drain()
+
+    async with server(handler) as (pool, _):
+        calls: list[tuple[str, str]] = []
+        store = S3Store(
+            "bucket",
+            endpoint_url=f"http://127.0.0.1:{pool.port}",
+            region="us-east-1",
+            access_key="AK",
+            secret_key="SK",
+            retry=RetryPolicy(base_delay_s=0.001, max_delay_s=0.002),
+            observer=lambda op, outcome, s: calls.append((op, outcome)),
+            lean_http=True,
+        )
+        try:
+            assert (await store.get("k")).data == b"hello"
+            assert store._pool is None  # aiohttp from now on
+            assert (await store.get("k")).data == b"hello"
+        finally:
+            await store.close()
+        assert calls == [("get", "retry"), ("get", "ok"), ("get", "ok")]
