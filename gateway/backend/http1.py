@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from typing import Final
+from typing import Final, cast
 
 _HEAD_CHUNK: Final = 4096  # first read; grown by doubling up to max_header_bytes
 _SCRATCH: Final = 16384  # read size for chunked and close-delimited (error) bodies
@@ -384,8 +384,8 @@ class _Conn(asyncio.BufferedProtocol):
 
     # protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         r = self.reader

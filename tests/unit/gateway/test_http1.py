@@ -437,3 +437,17 @@ async def test_store_falls_back_to_aiohttp_on_a_2xx_without_length() -> None:
         finally:
             await store.close()
         assert calls == [("get", "retry"), ("get", "ok"), ("get", "ok")]
+
+
+def test_the_pool_under_uvloop() -> None:
+    """The gateway's default loop: uvloop's transports are not asyncio.Transport subclasses
+    (a type check there crashed every lean GET of the gateway)."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def run() -> None:
+        async with server(answering(OK, OK)) as (pool, accepted):
+            assert await request(pool) == b"hello world"
+            assert await request(pool) == b"hello world"
+            assert len(accepted) == 1
+
+    uvloop.run(run())
