@@ -203,7 +203,8 @@ reference(const unsigned char *s, const unsigned char *e, uint32_t *cp)
         Py_ssize_t len;
         uint32_t cp;
     } named[] = {
-        {"&amp;", 5, '&'}, {"&lt;", 4, '<'}, {"&gt;", 4, '>'}, {"&quot;", 6, '"'}, {"&apos;", 6, '\''},
+        {"&amp;", 5, '&'},   {"&lt;", 4, '<'},    {"&gt;", 4, '>'},
+        {"&quot;", 6, '"'},  {"&apos;", 6, '\''},
     };
     for (size_t k = 0; k < sizeof(named) / sizeof(named[0]); k++) {
         if (n >= named[k].len && memcmp(s, named[k].name, (size_t)named[k].len) == 0) {

@@ -10,7 +10,11 @@ does that).
 ``parse_list`` is the hot one. It runs the compiled twin ``gateway._s3list`` (C, built by the
 package's own build) and ``parse_list_reference`` (ElementTree, the reference) only for a
 page the C does not fully understand (it returns None, never guesses) or when the C is not
-there (``NFSGW_PURE_PYTHON=1``, or not built: ``compiled``). TODO(measure): cost statement.
+there (``NFSGW_PURE_PYTHON=1``, or not built: ``compiled``). A 1,000-key page costs
+0.41-0.55 µs of CPU per entry in C against 3.2-4.9 with ElementTree; a re-list of an
+unchanged 1,281-entry directory on SeaweedFS 2.0-2.9 ms of gateway CPU in all, of which the
+parse is ~0.6, the HTTP client 0.8-1.5 and the namespace's comparison ~0.6
+(``benchmarks/list_parse.py``, docs/benchmarks.md "Listings in C").
 
 Body checksums (which one a GET reply carries, computing it) are ``checksums.py``'s.
 """
