@@ -6,8 +6,11 @@ with a config file), optionally behind a bearer token (``admin.token_file``; /he
 
 - ``GET /metrics``   Prometheus text (``gateway.ops.metrics``)
 - ``GET /healthz``   200 while the event loop runs
-- ``GET /readyz``    200 when serving and every export's backend answers a one-key LIST
-                     (cached for ``READY_CACHE_S``); 503 with the reasons otherwise
+- ``GET /readyz``    200 when serving, every export's backend answers a one-key LIST (sent
+                     through the export's ``gateway.ops.probe.BackendProbe``, which logs a
+                     change of cause once; cached for ``READY_CACHE_S``) and no pack index is
+                     awaited (``PackedStore.pending``); 503 otherwise, with ``reason`` (one
+                     line naming each export and what is wrong) and the details
 - ``GET /v1/stats``  JSON summary: calls, backend requests per file opened, caches, exports,
                      warm-ups, reloads
 - ``POST /v1/invalidate``  ``{"path": "/export/dir/file", "subtree": false}``: the index
@@ -33,18 +36,17 @@ import contextlib
 import functools
 import hmac
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.backend.base import BackendError, StoreWrapper
 from gateway.clock import Clock
-from gateway.exports import Export
 from gateway.ops.config import ServerConfig, split_listen
 from gateway.ops.metrics import Metrics
+from gateway.ops.probe import BackendProbe
 from gateway.ops.warmup import WarmupJob, WarmupRefused, Warmups
 from gateway.pack.store import PackedStore
 from gateway.registry import Gateway
@@ -52,7 +54,6 @@ from gateway.registry import Gateway
 log = structlog.get_logger(__name__)
 
 READY_CACHE_S = 5.0
-PROBE_TIMEOUT_S = 5.0
 _OPEN = frozenset({"/healthz", "/readyz"})
 
 
@@ -75,6 +76,11 @@ class Served(Protocol):
 
     @property
     def last_reload_error(self) -> list[str]: ...
+
+    @property
+    def probes(self) -> Mapping[str, BackendProbe]:
+        """Export path -> its backend's probe."""
+        ...
 
     async def reload(self) -> bool: ...
 
@@ -157,18 +163,22 @@ class AdminApi:
                 {"ready": False, "reason": "stopping" if s.stopping else "starting"}, status=503
             )
         backends = await self.backend_status()
-        ok = all(v is None for v in backends.values())
-        body: dict[str, Any] = {
-            "ready": ok,
-            "backends": {p: v or "ok" for p, v in backends.items()},
-        }
-        packs = {
-            path: e.store.status
-            for path, e in self.gateway.by_path.items()
-            if isinstance(e.store, PackedStore)
-        }
-        if packs:  # a pack that is not used does not make the gateway unready: it serves
-            body["packs"] = packs  # from the bucket, as without one
+        reasons = [f"{p}: {why}" for p, why in sorted(backends.items()) if why is not None]
+        body: dict[str, Any] = {"backends": {p: v or "ok" for p, v in backends.items()}}
+        packs: dict[str, str] = {}
+        for path, e in sorted(self.gateway.by_path.items()):
+            if isinstance(e.store, PackedStore):
+                packs[path] = e.store.status
+                if e.store.pending:  # bounded: index_wait_s after its load began
+                    reasons.append(f"{path}: pack index loading")
+        # A pack that is not used does not make the gateway unready: it serves from the
+        # bucket, as without one.
+        if packs:
+            body["packs"] = packs
+        ok = not reasons
+        body["ready"] = ok
+        if not ok:
+            body["reason"] = "; ".join(reasons)
         return web.json_response(body, status=200 if ok else 503)
 
     async def backend_status(self) -> dict[str, str | None]:
@@ -183,26 +193,19 @@ class AdminApi:
         return result
 
     async def _probe_all(self) -> dict[str, str | None]:
-        exports = list(self.gateway.by_path.values())
+        """Each export's probe, sent again (the probe logs a new cause or a recovery once)."""
+        probes = self.served.probes
+        paths = sorted(self.gateway.by_path)
 
-        async def one(e: Export) -> str | None:
-            try:
-                async with asyncio.timeout(PROBE_TIMEOUT_S):
-                    # a wrapper's (a pack's) own answers would not probe the bucket
-                    store = e.store.inner if isinstance(e.store, StoreWrapper) else e.store
-                    await store.list_page(e.prefix, delimiter="/", max_keys=1)
-            except TimeoutError:
-                return f"no answer in {PROBE_TIMEOUT_S:g} s"
-            except BackendError as exc:
-                return f"{type(exc).__name__}: {exc}"
-            return None
+        async def one(path: str) -> str | None:
+            probe = probes.get(path)
+            if probe is None:  # an export being added by a reload
+                return "backend not probed yet"
+            d = await probe.check()
+            return None if d is None else d.reason()
 
-        results = await asyncio.gather(*(one(e) for e in exports))
-        out = {e.cfg.path: r for e, r in zip(exports, results, strict=True)}
-        for path, why in out.items():
-            if why is not None:
-                log.warning("backend_unreachable", export=path, error=why)
-        return out
+        results = await asyncio.gather(*(one(p) for p in paths))
+        return dict(zip(paths, results, strict=True))
 
     # -- /v1 ----------------------------------------------------------------------------------
 

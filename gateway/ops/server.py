@@ -4,7 +4,13 @@ API (``gateway.ops.admin``); signals, reload and graceful shutdown; systemd noti
 Owns: the life cycle of one gateway process:
 
 - ``start``: state and cache directories, handle secret, data cache, one store + namespace per
-  export, the NFS/MOUNT/PORTMAP listener(s), the admin API, then ``READY=1``.
+  export and its backend probe (``gateway.ops.probe``: one LIST at once, retried in the
+  background until it answers, one error line per cause), the NFS/MOUNT/PORTMAP listener(s)
+  and the admin API, which are not held back by the probes or the pack indexes; then
+  ``READY=1`` once every export's first probe has ended and every pack index is in (or its
+  ``index_wait_s`` is over), whichever way: a backend that is down at boot does not fail the
+  service's start, ``STATUS=`` names the exports not answering and ``/readyz`` says 503 with
+  the reason until they do.
 - ``reload`` (SIGHUP, ``POST /v1/reload``): re-reads the configuration file off the loop; a bad
   file keeps the running configuration and logs every error. Exports are added, removed or
   changed without dropping connections: a change of clients, squash, ids, modes or
@@ -21,9 +27,11 @@ Must not: contain protocol or cache logic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import socket
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -31,7 +39,7 @@ import structlog
 
 from gateway import pmap_client
 from gateway.backend import open_store, parse_store_url
-from gateway.backend.base import ObjectStore, RequestObserver
+from gateway.backend.base import ObjectStore, RequestObserver, StoreWrapper
 from gateway.clock import Clock, SystemClock
 from gateway.data import DataCache, DataStats, DiskStats, ObjectReader, open_disk_tier
 from gateway.data.prefetch import DataPrefetcher, PrefetchStats
@@ -50,10 +58,11 @@ from gateway.ops.config import ServerConfig, needs_rebuild, reload_plan
 from gateway.ops.configfile import ConfigErrors, load_config
 from gateway.ops.gcwatch import GcWatch
 from gateway.ops.metrics import Metrics, ServerStats
+from gateway.ops.probe import PROBE_TIMEOUT_S, BackendProbe
 from gateway.ops.systemd import Notifier
 from gateway.ops.warmup import Warmups
 from gateway.ops.workers import WorkerRole, until_signalled
-from gateway.pack.store import PackedStore, PackStats
+from gateway.pack.store import PackConfig, PackedStore, PackStats
 from gateway.registry import Gateway
 from gateway.transport import CallHandler, ConnectionStats, RpcConnection
 from gateway.writes import WriteManager
@@ -82,8 +91,12 @@ class Server:
         notifier: Notifier | None = None,
         config_loader: ConfigLoader | None = None,
         role: WorkerRole | None = None,
+        probe_at_start: bool | None = None,
     ) -> None:
         self.config = config
+        # The process's own stores are probed at start (``gateway.ops.probe``); in-process
+        # servers over given stores (tests, whose request counts are exact) opt in.
+        self.probe_at_start = store_factory is None if probe_at_start is None else probe_at_start
         # One of ``server.workers`` processes (``gateway.ops.workers``), or None: the only one.
         self.role = role
         self.store_factory = store_factory
@@ -92,6 +105,11 @@ class Server:
         self.notifier = notifier or Notifier({})
         self.config_loader = config_loader
         self.metrics = Metrics()
+        self.pack_config = PackConfig()
+        # Export path -> its backend's probe (``gateway.ops.probe``), for /readyz and STATUS=.
+        self.probes: dict[str, BackendProbe] = {}
+        self.announced = False  # READY=1 sent
+        self._announce: asyncio.Task[None] | None = None
         self.drc = DuplicateRequestCache(config.server.nfs.drc, self.clock)
         self.prefetcher: DataPrefetcher | None = None
         self.fastpath: FastPath | None = None
@@ -169,7 +187,9 @@ class Server:
         self.metrics.add_stats("drc", self.drc.stats)
         self.metrics.add_stats("prefetch", self.prefetch_stats)
         for ec in c.exports:
-            gw.add_export(self._make_export(ec))
+            export = self._make_export(ec)
+            gw.add_export(export)
+            self._watch_backend(export)
         self.gateway = gw
         register_all(self.dispatcher, gw)
         self.metrics.prepare()
@@ -237,6 +257,12 @@ class Server:
             admin = AdminApi(self, gw, self.metrics, self.warmups, self.clock)
             self.metrics_port = await admin.start(listen)
             self.admin = admin
+        # The listeners serve already; the first probes (sent before them) have at most
+        # PROBE_TIMEOUT_S to end, so a wrong backend is said next to gateway_started.
+        first = [p.first.wait() for p in self.probes.values() if p.started]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(PROBE_TIMEOUT_S + 0.5):
+                await asyncio.gather(*first)
         self.started = True
         log.info(
             "gateway_started",
@@ -248,9 +274,81 @@ class Server:
             cache_memory=gw.reader.cache.budget_bytes,
             fast_path=fast.kind if fast is not None else "off",
             config=str(c.source) if c.source else None,
+            not_answering=self._not_answering() or None,
+        )
+        self.notifier.start_watchdog()
+        self._announce = loop.create_task(self._announce_ready(), name="announce-ready")
+
+    async def _announce_ready(self) -> None:
+        """``READY=1`` once every pack index is in or was waited for long enough
+        (``PackConfig.index_wait_s``, each bounded on its own), with ``STATUS=`` naming the
+        exports not answering and the indexes still loading. A backend that does not answer
+        does not hold READY back (the first probes ended, or timed out, before
+        ``gateway_started``): a service that never became ready because S3 was down at
+        boot would fail its start."""
+        gw = self.gateway
+        assert gw is not None
+        t0 = time.monotonic()
+        waits = [e.store.settled() for e in gw.exports.values() if isinstance(e.store, PackedStore)]
+        if waits:
+            with contextlib.suppress(TimeoutError):  # a guard: each wait is bounded already
+                async with asyncio.timeout(self.pack_config.index_wait_s + 1.0):
+                    await asyncio.gather(*waits)
+        self.announced = True
+        log.info(
+            "gateway_ready",
+            waited_s=round(time.monotonic() - t0, 3),
+            not_answering=self._not_answering() or None,
+            pack_index_loading=self._packs_pending() or None,
         )
         self.notifier.ready(self._status())
-        self.notifier.start_watchdog()
+
+    def _not_answering(self) -> list[str]:
+        return sorted(p for p, pr in self.probes.items() if pr.answered is False)
+
+    def _packs_pending(self) -> list[str]:
+        gw = self.gateway
+        return sorted(
+            p
+            for p, e in (gw.by_path.items() if gw else ())
+            if isinstance(e.store, PackedStore) and e.store.pending
+        )
+
+    def _watch_backend(self, export: Export) -> None:
+        """Probe ``export``'s backend now and until it answers (replacing the probe of an
+        export it rebuilds)."""
+        ec = export.cfg
+        store = export.store.inner if isinstance(export.store, StoreWrapper) else export.store
+        if ec.backend.startswith("s3://"):
+            s3 = self.config.s3
+            endpoint = s3.endpoint_url or f"AWS S3 ({s3.region or 'region from the AWS chain'})"
+        else:
+            endpoint = "local"
+        probe = BackendProbe(
+            ec.path,
+            ec.backend,
+            endpoint,
+            store,
+            export.prefix,
+            on_change=self._status_changed,
+            # With workers, one line per cause for the service: the owner's.
+            quiet=self.role is not None and not self.role.owner,
+        )
+        self._unwatch(ec.path)
+        self.probes[ec.path] = probe
+        if self.probe_at_start:
+            probe.start()
+
+    def _unwatch(self, path: str) -> None:
+        old = self.probes.pop(path, None)
+        if old is not None:
+            t = asyncio.get_running_loop().create_task(old.close())
+            self._retiring.add(t)
+            t.add_done_callback(self._retiring.discard)
+
+    def _status_changed(self) -> None:
+        if self.announced and not self.stopping:
+            self.notifier.status(self._status())
 
     def _make_dirs(self) -> None:
         self.config.server.state_dir.mkdir(parents=True, exist_ok=True)
@@ -259,7 +357,13 @@ class Server:
     def _status(self) -> str:
         gw = self.gateway
         n = len(gw.exports) if gw else 0
-        return f"serving {n} export{'s' if n != 1 else ''} on port {self.port}"
+        text = f"serving {n} export{'s' if n != 1 else ''} on port {self.port}"
+        for path, p in sorted(self.probes.items()):
+            if p.answered is False and p.diagnosis is not None:
+                text += f"; {path} not answering: {p.diagnosis.problem}"
+        for path in self._packs_pending():
+            text += f"; {path}: pack index loading"
+        return text
 
     def _make_prefetcher(self, reader: ObjectReader, disk: bool) -> DataPrefetcher | None:
         """The data prefetcher (``gateway.data.prefetch``), or None when it is off. It fills
@@ -316,7 +420,9 @@ class Server:
 
     def _packed(self, ec: ExportConfig, inner: ObjectStore, prefix: str) -> PackedStore:
         """The export's store answering packed objects from ``ec.pack``; its index loads in
-        the background (until then, and if it is bad, everything comes from the bucket)."""
+        the background (listings of an immutable export wait for it, up to
+        ``PackConfig.index_wait_s``; GETs meanwhile, and everything if it is bad, come from
+        the bucket)."""
         assert ec.pack is not None
         pack_ec = dataclasses.replace(ec, backend=ec.pack)
         if self.store_factory is not None:
@@ -335,6 +441,7 @@ class Server:
             ec.backend,
             small_file_max=self.config.cache.reads.small_file_max,
             list_from_index=ec.immutable,
+            config=self.pack_config,
             stats=stats,
         )
         if reader is not None:
@@ -477,11 +584,14 @@ class Server:
             if path not in wanted:
                 gw.remove_export(export)
                 self._retire(export)
+                self._unwatch(path)
                 changes["removed"].append(path)
         for path, ec in wanted.items():
             cur = gw.by_path.get(path)
             if cur is None:
-                gw.add_export(self._make_export(ec))
+                fresh = self._make_export(ec)
+                gw.add_export(fresh)
+                self._watch_backend(fresh)
                 changes["added"].append(path)
             elif cur.cfg == ec:
                 continue
@@ -489,6 +599,7 @@ class Server:
                 fresh = self._make_export(ec)
                 gw.remove_export(cur)
                 gw.add_export(fresh)
+                self._watch_backend(fresh)
                 self._retire(cur)
                 changes["rebuilt"].append(path)
             else:
@@ -579,6 +690,11 @@ class Server:
                     )
                 except Exception as e:
                     log.warning("rpcbind_unset_failed", prog=prog, vers=vers, error=repr(e))
+        if self._announce is not None:
+            self._announce.cancel()
+        for probe in list(self.probes.values()):
+            await probe.close()
+        self.probes.clear()
         if self._link is not None:
             await self._link.close()
         if self.warmups is not None:
