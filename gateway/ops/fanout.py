@@ -17,7 +17,9 @@ every worker over its private Unix socket and combining the answers:
 - ``/v1/stats``: the workers' snapshots merged (numbers summed, ratios recomputed, exports by
   path) plus a ``workers`` list (pid, up, restarts, crash loop, calls).
 - ``/readyz``: 200 when every worker is up and ready; 503 naming a worker that is starting,
-  restarting or crash-looping, or whose backend probe fails.
+  restarting or crash-looping, or whose backend probe fails or pack index loads, with the
+  worker's own ``reason`` (the export and what is wrong) and a top-level ``reason``; the
+  ``backends`` and ``packs`` maps are the workers' merged, a failing answer winning.
 - ``/v1/invalidate`` and ``/v1/reload``: sent to every worker.
 - ``/v1/warmup``: metadata warm-ups run in every worker (each has its own index); the data
   part runs in worker 0 only, since the disk tier it fills is shared (the other workers' memory
@@ -50,6 +52,16 @@ from gateway.ops.admin import check_token
 from gateway.ops.config import ServerConfig, split_listen
 from gateway.ops.metrics import MERGE_MAX, SUPERVISOR_METRICS
 from gateway.ops.warmup import MAX_WARMUP_KEPT
+
+
+def _merge_status(into: dict[str, Any], got: object) -> None:
+    """Per-export states of one worker into ``into``: an export keeps the first answer that
+    is not "ok" (one worker's failing probe is the service's)."""
+    if not isinstance(got, dict):
+        return
+    for path, v in got.items():
+        if into.get(path, "ok") == "ok":
+            into[path] = v
 
 
 class WorkerRoleView(Protocol):
@@ -239,11 +251,14 @@ class FanoutApi:
             return web.json_response({"ready": False, "reason": reason}, status=503)
         workers: list[dict[str, Any]] = []
         backends: dict[str, Any] = {}
+        packs: dict[str, Any] = {}
+        reasons: list[str] = []
         ok = True
         for w, ans in await self._ask_all("GET", "/readyz"):
             state = self._worker_state(w)
             if ans is not None and isinstance(ans[1], dict):
-                backends = backends or ans[1].get("backends", {})
+                _merge_status(backends, ans[1].get("backends"))
+                _merge_status(packs, ans[1].get("packs"))
                 if ans[0] != 200:
                     state["reason"] = ans[1].get("reason") or "backend unreachable"
             elif w.ready:
@@ -252,10 +267,15 @@ class FanoutApi:
             # even while it answers (it may die again any moment).
             state["ready"] = ans is not None and ans[0] == 200 and not w.crash_looping
             ok = ok and state["ready"]
+            if not state["ready"] and state.get("reason") and state["reason"] not in reasons:
+                reasons.append(state["reason"])
             workers.append(state)
-        return web.json_response(
-            {"ready": ok, "workers": workers, "backends": backends}, status=200 if ok else 503
-        )
+        body: dict[str, Any] = {"ready": ok, "workers": workers, "backends": backends}
+        if packs:
+            body["packs"] = packs
+        if not ok:
+            body["reason"] = "; ".join(reasons) or "not ready"
+        return web.json_response(body, status=200 if ok else 503)
 
     def _worker_state(self, w: WorkerView) -> dict[str, Any]:
         d: dict[str, Any] = {

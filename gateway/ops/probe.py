@@ -160,9 +160,9 @@ class BackendProbe:
         store: ObjectStore,
         prefix: str,
         *,
-        timeout_s: float = PROBE_TIMEOUT_S,
-        retry_first_s: float = RETRY_FIRST_S,
-        retry_max_s: float = RETRY_MAX_S,
+        timeout_s: float | None = None,
+        retry_first_s: float | None = None,
+        retry_max_s: float | None = None,
         on_change: Callable[[], None] | None = None,
         quiet: bool = False,
     ) -> None:
@@ -171,9 +171,10 @@ class BackendProbe:
         self.endpoint = endpoint
         self.store = store
         self.prefix = prefix
-        self.timeout_s = timeout_s
-        self.retry_first_s = retry_first_s
-        self.retry_max_s = retry_max_s
+        # None: the module's (read here, so a test may set them)
+        self.timeout_s = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
+        self.retry_first_s = RETRY_FIRST_S if retry_first_s is None else retry_first_s
+        self.retry_max_s = RETRY_MAX_S if retry_max_s is None else retry_max_s
         self.on_change = on_change
         self.quiet = quiet  # changes logged at debug level (a worker other than the owner)
         self.answered: bool | None = None

@@ -260,8 +260,9 @@ class Server:
         # The listeners serve already; the first probes (sent before them) have at most
         # PROBE_TIMEOUT_S to end, so a wrong backend is said next to gateway_started.
         first = [p.first.wait() for p in self.probes.values() if p.started]
+        bound = max((p.timeout_s for p in self.probes.values()), default=PROBE_TIMEOUT_S)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(PROBE_TIMEOUT_S + 0.5):
+            async with asyncio.timeout(bound + 0.5):
                 await asyncio.gather(*first)
         self.started = True
         log.info(
