@@ -106,7 +106,7 @@ async def test_listings_while_the_index_loads_wait_for_it(tmp_path: Path) -> Non
             answers = await client
         assert all(a.status == NfsStat3.NFS3_OK for a in answers)
         assert lists(store) == []  # the root and the class folders from the index: 0 LISTs
-        assert pack.status == "ok" and not pack.pending
+        assert (pack.status, pack.pending) == ("ok", False)
         status, body = await http.json("GET", "/readyz")
         assert status == 200 and body["packs"] == {"/data": "ok"}
         async with asyncio.timeout(5):
