@@ -67,6 +67,11 @@ def packed(gw: MemoryGateway) -> PackedStore:
     return store
 
 
+def announced(gw: MemoryGateway) -> bool:
+    """Whether READY=1 was sent."""
+    return gw.server.announced
+
+
 def lists(store: MemoryStore) -> list[str]:
     """LISTs of the export's tree (not of the pack's shards, which loading it lists)."""
     return [k for op, k in store.log if op == "list" and k.startswith("ds/")]
@@ -96,7 +101,7 @@ async def test_listings_while_the_index_loads_wait_for_it(tmp_path: Path) -> Non
         client = asyncio.create_task(list_classes(gw))
         await asyncio.sleep(0.2)
         assert not client.done() and pack.pending and pack.listings_waited >= 1
-        assert not gw.server.announced  # READY=1 waits for the index too
+        assert not announced(gw)  # READY=1 waits for the index too
         status, body = await http.json("GET", "/readyz")
         assert status == 503 and body["reason"] == "/data: pack index loading"
         assert body["packs"] == {"/data": "loading"}
@@ -110,7 +115,7 @@ async def test_listings_while_the_index_loads_wait_for_it(tmp_path: Path) -> Non
         status, body = await http.json("GET", "/readyz")
         assert status == 200 and body["packs"] == {"/data": "ok"}
         async with asyncio.timeout(5):
-            while not gw.server.announced:  # noqa: ASYNC110 - READY=1 is sent by a task
+            while not announced(gw):  # noqa: ASYNC110 - READY=1 is sent by a task
                 await asyncio.sleep(0.01)
         await read_tree(gw, files)
         assert lists(store) == []
