@@ -30,7 +30,10 @@ from loadgen.seaweed import SeaweedServer
 
 pytestmark = [pytest.mark.s3]
 
-STATE = {"server": {"uvloop": False, "drain_timeout_s": 2}, "cache": {"memory": "64M"}}
+STATE: dict[str, dict[str, object]] = {
+    "server": {"uvloop": False, "drain_timeout_s": 2},
+    "cache": {"memory": "64M"},
+}
 
 
 @dataclass(frozen=True)
