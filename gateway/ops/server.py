@@ -257,14 +257,15 @@ class Server:
             admin = AdminApi(self, gw, self.metrics, self.warmups, self.clock)
             self.metrics_port = await admin.start(listen)
             self.admin = admin
-        # The listeners serve already; the first probes (sent before them) have at most
-        # PROBE_TIMEOUT_S to end, so a wrong backend is said next to gateway_started.
+        self.started = True
+        # The listeners serve already (and /readyz joins a probe in flight); the first probes
+        # (sent before the listeners opened) have at most PROBE_TIMEOUT_S to end, so a wrong
+        # backend is said next to gateway_started.
         first = [p.first.wait() for p in self.probes.values() if p.started]
         bound = max((p.timeout_s for p in self.probes.values()), default=PROBE_TIMEOUT_S)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(bound + 0.5):
                 await asyncio.gather(*first)
-        self.started = True
         log.info(
             "gateway_started",
             listen=c.server.listen,
