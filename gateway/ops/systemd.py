@@ -1,6 +1,8 @@
 """systemd service notifications (``sd_notify(3)``) over ``$NOTIFY_SOCKET``, and the watchdog.
 
-Owns: the datagram protocol to the service manager: ``READY=1`` once every listener is up,
+Owns: the datagram protocol to the service manager: ``READY=1`` once every listener is up
+(``gateway.ops.server`` sends it after the first backend probes and the pack indexes, both
+bounded; a backend that does not answer is named in ``STATUS=``, not waited for),
 ``RELOADING=1`` + ``MONOTONIC_USEC`` around a SIGHUP reload, ``STOPPING=1`` (with
 ``EXTEND_TIMEOUT_USEC`` covering the drain) at shutdown, ``STATUS=`` one-line summaries, and
 ``WATCHDOG=1`` every half ``$WATCHDOG_USEC`` from a task on the event loop, so a wedged loop
