@@ -222,7 +222,6 @@ class Fuzz:
                         raise AssertionError(f"{name}{py_args}: {got} != {want}")
                     self.cases += 1
 
-
     def mappings(self, directory: str) -> None:
         """``Mapping`` of files of many sizes against ``mmap.mmap``: the same bytes through
         memoryview slices that outlive the object, bad arguments refused the same way."""
