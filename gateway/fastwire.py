@@ -35,7 +35,7 @@ import mmap
 import os
 import struct
 from types import ModuleType
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 
 from nfsproto.rpc import RecordError, RecordReader
 from nfsproto.xdr import Buffer
@@ -229,7 +229,7 @@ def map_file(fd: int, size: int) -> Buffer:
     when the kernel refuses the mapping."""
     c = compiled()
     if c is None:
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        return cast(Buffer, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ))
     m: Buffer = c.Mapping(fd, size)
     return m
 
