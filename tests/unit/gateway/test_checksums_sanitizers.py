@@ -18,19 +18,16 @@ Skips when gcc or its libasan is missing, unless ``NFSGW_REQUIRE_NATIVE=1``.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import random
-import shutil
-import subprocess
 import sys
-import sysconfig
 import time
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.sanitizers import cases_run, exact, run_under_sanitizers
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCE = ROOT / "gateway" / "_checksums.c"
@@ -39,72 +36,29 @@ SECONDS = 8.0  # per engine: the loop stops here if the machine is slower than p
 MIN_CASES = 2_000
 
 
-def _skip_or_fail(reason: str) -> None:
-    if os.environ.get("NFSGW_REQUIRE_NATIVE") == "1":
-        pytest.fail(f"NFSGW_REQUIRE_NATIVE=1 but {reason}")
-    pytest.skip(reason)
-
-
-def _runtime(gcc: str, name: str) -> str | None:
-    out = subprocess.run([gcc, f"-print-file-name={name}"], capture_output=True, text=True)
-    path = out.stdout.strip()
-    return path if os.path.isabs(path) and os.path.exists(path) else None
-
-
 @pytest.mark.parametrize("engine", ["vpclmulqdq", "pclmul", "tables"])
 def test_checksums_under_sanitizers(tmp_path: Path, engine: str) -> None:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        _skip_or_fail("gcc is not installed")
-    assert gcc is not None
-    asan = _runtime(gcc, "libasan.so")
-    if asan is None:
-        _skip_or_fail("gcc's libasan is not installed")
-    assert asan is not None
-    so = tmp_path / f"_checksums{sysconfig.get_config_var('EXT_SUFFIX')}"
-    flags = "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
-    warnings = "-Wall -Wextra -Werror -std=c11 -O1 -g -fPIC -shared"
-    cmd = [gcc, *flags.split(), *warnings.split(), f"-I{sysconfig.get_paths()['include']}"]
-    build = subprocess.run([*cmd, str(SOURCE), "-o", str(so)], capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    env = {
-        **os.environ,
-        "LD_PRELOAD": asan,
-        "ASAN_OPTIONS": "detect_leaks=0",  # the interpreter keeps objects until exit
-        "UBSAN_OPTIONS": "print_stacktrace=1",
-        "PYTHONMALLOC": "malloc",
-        "PYTHONPATH": str(ROOT),
+    env: dict[str, str | None] = {
+        "NFSGW_CHECKSUMS_NO_CLMUL": None,
+        "NFSGW_CHECKSUMS_NO_AVX512": None,
     }
-    env.pop("NFSGW_CHECKSUMS_NO_CLMUL", None)
-    env.pop("NFSGW_CHECKSUMS_NO_AVX512", None)
     if engine == "tables":
         env["NFSGW_CHECKSUMS_NO_CLMUL"] = "1"
     elif engine == "pclmul":
         env["NFSGW_CHECKSUMS_NO_AVX512"] = "1"
-    run = subprocess.run(
-        [sys.executable, __file__, str(so), str(CASES), str(SECONDS)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=SECONDS * 4 + 60,
+    lines = run_under_sanitizers(
+        SOURCE, "_checksums", __file__, tmp_path, cases=CASES, seconds=SECONDS, env=env
     )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    lines = run.stdout.strip().splitlines()
     if engine != "tables" and f"engine {engine}" not in lines:
         pytest.skip(f"this CPU has no {engine.upper()} ({lines[:1]})")
-    assert f"engine {engine}" in lines, run.stdout
-    last = lines[-1]
-    assert last.startswith("fuzz ran "), run.stdout
-    assert int(last.split()[2]) >= MIN_CASES, last
+    assert f"engine {engine}" in lines, lines
+    assert cases_run(lines) >= MIN_CASES, lines[-1]
 
 
 # --------------------------------------------------------------------------- the child
 
 
-def _exact(data: bytes) -> Any:
-    """``data`` in a buffer of exactly its size (its own malloc'd block)."""
-    return (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+_exact = exact
 
 
 class Fuzz:

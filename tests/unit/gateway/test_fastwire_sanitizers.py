@@ -19,16 +19,13 @@ from __future__ import annotations
 import ctypes
 import os
 import random
-import shutil
 import struct
-import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.sanitizers import cases_run, run_under_sanitizers
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCE = ROOT / "gateway" / "_fastwire.c"
@@ -37,53 +34,11 @@ SECONDS = 25.0  # the loop stops here if the machine is slower than planned
 MIN_CASES = 20_000
 
 
-def _skip_or_fail(reason: str) -> None:
-    if os.environ.get("NFSGW_REQUIRE_NATIVE") == "1":
-        pytest.fail(f"NFSGW_REQUIRE_NATIVE=1 but {reason}")
-    pytest.skip(reason)
-
-
-def _runtime(gcc: str, name: str) -> str | None:
-    out = subprocess.run([gcc, f"-print-file-name={name}"], capture_output=True, text=True)
-    path = out.stdout.strip()
-    return path if os.path.isabs(path) and os.path.exists(path) else None
-
-
 def test_fastwire_under_sanitizers(tmp_path: Path) -> None:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        _skip_or_fail("gcc is not installed")
-    assert gcc is not None
-    asan = _runtime(gcc, "libasan.so")
-    if asan is None:
-        _skip_or_fail("gcc's libasan is not installed")
-    assert asan is not None
-    so = tmp_path / f"_fastwire{sysconfig.get_config_var('EXT_SUFFIX')}"
-    flags = "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
-    warnings = "-Wall -Wextra -Werror -std=c11 -O1 -g -fPIC -shared"
-    cmd = [gcc, *flags.split(), *warnings.split(), f"-I{sysconfig.get_paths()['include']}"]
-    build = subprocess.run([*cmd, str(SOURCE), "-o", str(so)], capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    env = {
-        **os.environ,
-        "LD_PRELOAD": asan,
-        "ASAN_OPTIONS": "detect_leaks=0",  # the interpreter keeps objects until exit
-        "UBSAN_OPTIONS": "print_stacktrace=1",
-        "PYTHONMALLOC": "malloc",
-        "PYTHONPATH": str(ROOT),
-    }
-    run = subprocess.run(
-        [sys.executable, __file__, str(so), str(CASES), str(SECONDS)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=SECONDS * 4 + 60,
+    lines = run_under_sanitizers(
+        SOURCE, "_fastwire", __file__, tmp_path, cases=CASES, seconds=SECONDS
     )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    last = run.stdout.strip().splitlines()[-1]
-    assert last.startswith("fuzz ran "), run.stdout
-    assert int(last.split()[2]) >= MIN_CASES, last
+    assert cases_run(lines) >= MIN_CASES, lines[-1]
 
 
 # --------------------------------------------------------------------------- the child
@@ -157,7 +112,7 @@ class Fuzz:
         elif kind == 3:
             b += rng.randbytes(rng.randint(1, 12))
         elif kind == 4:
-            return b[:24] + rng.randbytes(rng.randrange(600))
+            return bytes(b[:24]) + rng.randbytes(rng.randrange(600))
         else:
             return rng.randbytes(rng.randrange(120))
         return bytes(b)
@@ -226,7 +181,6 @@ class Fuzz:
         """``Mapping`` of files of many sizes against ``mmap.mmap``: the same bytes through
         memoryview slices that outlive the object, bad arguments refused the same way."""
         import mmap
-        import os
 
         path = os.path.join(directory, "mapped")
         for size in (1, 2, 4095, 4096, 4097, 65_536, 110_000, 1 << 20):

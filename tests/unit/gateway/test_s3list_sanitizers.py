@@ -16,16 +16,13 @@ Skips when gcc or its libasan is missing, unless ``NFSGW_REQUIRE_NATIVE=1``.
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
-from tests.unit.gateway.test_fastwire_sanitizers import _exact, _runtime, _skip_or_fail
+from tests.sanitizers import cases_run, run_under_sanitizers
+from tests.sanitizers import exact as _exact
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCE = ROOT / "gateway" / "_s3list.c"
@@ -35,41 +32,16 @@ MIN_CASES = 3_000
 
 
 def test_s3list_under_sanitizers(tmp_path: Path) -> None:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        _skip_or_fail("gcc is not installed")
-    assert gcc is not None
-    asan = _runtime(gcc, "libasan.so")
-    if asan is None:
-        _skip_or_fail("gcc's libasan is not installed")
-    assert asan is not None
-    so = tmp_path / f"_s3list{sysconfig.get_config_var('EXT_SUFFIX')}"
-    flags = "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
-    warnings = "-Wall -Wextra -Werror -std=c11 -O1 -g -fPIC -shared"
-    cmd = [gcc, *flags.split(), *warnings.split(), f"-I{sysconfig.get_paths()['include']}"]
-    build = subprocess.run([*cmd, str(SOURCE), "-o", str(so)], capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    env = {
-        **os.environ,
-        "LD_PRELOAD": asan,
-        "ASAN_OPTIONS": "detect_leaks=0",  # the interpreter keeps objects until exit
-        "UBSAN_OPTIONS": "print_stacktrace=1",
-        "PYTHONMALLOC": "malloc",
-        "PYTHONPATH": str(ROOT),
-    }
-    env.pop("NFSGW_PURE_PYTHON", None)
-    run = subprocess.run(
-        [sys.executable, __file__, str(so), str(CASES), str(SECONDS)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=SECONDS * 4 + 60,
+    lines = run_under_sanitizers(
+        SOURCE,
+        "_s3list",
+        __file__,
+        tmp_path,
+        cases=CASES,
+        seconds=SECONDS,
+        env={"NFSGW_PURE_PYTHON": None},
     )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    last = run.stdout.strip().splitlines()[-1]
-    assert last.startswith("fuzz ran "), run.stdout
-    assert int(last.split()[2]) >= MIN_CASES, last
+    assert cases_run(lines) >= MIN_CASES, lines[-1]
 
 
 # --------------------------------------------------------------------------- the child
