@@ -50,7 +50,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import netns  # noqa: E402
 from data_prefetch import ProxyProcess  # noqa: E402
 from scale_index import Ganesha, log  # noqa: E402
-from workers import CACHE, CClients, Server, Tree, build_tree, cpu_seconds, place  # noqa: E402
+from workers import (  # noqa: E402
+    CACHE,
+    CClients,
+    Nfsgw,
+    Server,
+    Tree,
+    build_tree,
+    cpu_seconds,
+    place,
+)
 
 from loadgen.gwprocess import GatewayProcess  # noqa: E402
 from loadgen.seaweed import SeaweedServer  # noqa: E402
@@ -83,8 +92,9 @@ class Result:
         return self.cpu_us_per_file[best]
 
 
-class S3Gateway:
-    """``nfsgw serve`` over the bucket, defaults but for ``flags``."""
+class S3Gateway(Nfsgw):
+    """``nfsgw serve`` over the bucket, defaults but for the worker count (0: "auto", the
+    default); ``workers.Nfsgw``'s life cycle and probes."""
 
     def __init__(
         self, work: Path, proxy: ProxyProcess, sw: SeaweedServer, name: str, workers: int
@@ -99,29 +109,10 @@ class S3Gateway:
             s3=sw,
             sections={
                 "s3": {"endpoint_url": proxy.endpoint_url},
-                # 0: the default, "auto", what a user gets
                 "server": {"workers": workers or "auto"},
             },
             workers=self.workers,
         )
-
-    def start(self) -> None:
-        self.gw.start()
-
-    def stop(self) -> None:
-        self.gw.stop()
-
-    @property
-    def pid(self) -> int:
-        return self.gw.pid
-
-    @property
-    def url(self) -> str:
-        return self.gw.libnfs_url("/data")
-
-    def worker_calls(self) -> dict[str, float]:
-        m = self.gw.metrics()
-        return {k: v for k, v in m.items() if k.startswith("nfsgw_worker_rpc_requests_total{")}
 
 
 def pss_mib(pid: int) -> float:

@@ -43,7 +43,7 @@ from gateway.ops.configfile import (
     find_config_path,
     load_config,
 )
-from gateway.ops.workers import Supervisor, WorkerRole, worker_count
+from gateway.ops.workers import Supervisor, WorkerRole, hold_reloads, worker_count
 
 if TYPE_CHECKING:
     from gateway.backend.base import ObjectStore
@@ -248,6 +248,7 @@ async def _serve(config: ServerConfig, a: argparse.Namespace, argv: Sequence[str
     def loader() -> ServerConfig:
         return load_config(path, ov)[0]
 
+    hold_reloads()
     role: WorkerRole | None = a.worker
     server: Server | Supervisor
     if role is None and worker_count(config.server.workers) > 1:

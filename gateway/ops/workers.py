@@ -383,6 +383,14 @@ class Supervisor:
         return await until_signalled(self._stop, self.reload, self.stop, "supervisor_stopping")
 
 
+def hold_reloads() -> None:
+    """Keep SIGHUP pending until ``until_signalled`` handles it: its default action ends
+    the process, and a worker answers health probes (so its supervisor may forward a
+    reload) before its start is over. Called first thing by ``nfsgw serve``; the workers a
+    supervisor starts inherit the held signal and release it the same way."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+
+
 async def until_signalled(
     stop_requested: asyncio.Event,
     reload: Callable[[], Coroutine[Any, Any, bool]],
@@ -403,6 +411,8 @@ async def until_signalled(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop_requested.set)
     loop.add_signal_handler(signal.SIGHUP, on_hup)
+    # A SIGHUP that came while the process started (``hold_reloads``) is delivered now.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
     try:
         await stop_requested.wait()
         log.info(event)
