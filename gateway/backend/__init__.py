@@ -5,7 +5,8 @@ URLs:
 - ``s3://bucket`` or ``s3://bucket/some/prefix`` -> ``S3Store``. Query parameters set
   defaults for the keyword arguments: ``endpoint`` (alias ``endpoint_url``), ``region``,
   ``addressing`` (alias ``addressing_style``: path | virtual | auto), ``profile``,
-  ``anonymous`` (1/true). Keyword arguments win over the query. Without a region the store
+  ``anonymous`` (1/true). Keyword arguments win over the query; ``lean_http`` (keyword only:
+  None follows ``NFSGW_S3_LEAN_HTTP``, see ``S3Store``). Without a region the store
   follows the AWS chain on first use (``credentials.resolve_region``).
 - ``file:///abs/dir`` -> ``LocalStore`` (``create=1`` makes the directory).
 
@@ -76,6 +77,7 @@ def open_store(
     max_inflight: int | None = None,
     retry: RetryPolicy | None = None,
     checksums: ChecksumPolicy | None = None,
+    lean_http: bool | None = None,
     workers: int | None = None,
     create: bool | None = None,
 ) -> ObjectStore:
@@ -111,6 +113,7 @@ def open_store(
         "max_inflight": max_inflight,
         "observer": observer,
         "name": f"s3://{u.location}/{u.prefix}",
+        "lean_http": lean_http,
     }
     if max_connections is not None:
         kw["max_connections"] = max_connections

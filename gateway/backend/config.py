@@ -133,5 +133,13 @@ class S3Config:
             int_in(1, 4096), "concurrent backend connections", flag="--s3-max-connections"
         ),
     )
+    lean_http: bool = field(
+        default=True,
+        metadata=setting(
+            boolean,
+            "GET and HEAD over the lean HTTP/1.1 wire (gateway/backend/http1.py); false: over "
+            "aiohttp, as NFSGW_S3_LEAN_HTTP=0 does",
+        ),
+    )
     retry: RetryPolicy = field(default_factory=RetryPolicy, metadata=INLINE)
     checksums: ChecksumPolicy = field(default_factory=ChecksumPolicy, metadata=INLINE)

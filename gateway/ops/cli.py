@@ -580,6 +580,7 @@ def _pack_main(a: argparse.Namespace) -> int:
             addressing_style=s3.addressing_style,
             profile=s3.profile,
             anonymous=s3.anonymous or None,
+            lean_http=s3.lean_http and None,  # true: NFSGW_S3_LEAN_HTTP decides (default on)
             max_connections=max(s3.max_connections, a.concurrency + 8),
             retry=s3.retry,
             checksums=s3.checksums,

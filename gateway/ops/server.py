@@ -484,6 +484,7 @@ class Server:
             addressing_style=s3.addressing_style,
             profile=s3.profile,
             anonymous=s3.anonymous or None,
+            lean_http=s3.lean_http and None,  # true: NFSGW_S3_LEAN_HTTP decides (default on)
             max_connections=s3.max_connections,
             retry=s3.retry,
             checksums=s3.checksums,
