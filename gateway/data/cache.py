@@ -86,8 +86,10 @@ entries go first, oldest first, and the prefetcher may evict them to make room
 demand READs. ``new_pass`` turns spent into ahead (O(entries), once per pass).
 
 Accounting: each entry is charged ``len(data) + ENTRY_OVERHEAD`` (dict slots, key tuple, entry
-tuple). Entries are plain tuples of untracked values and an object's blocks are indexed without
-a set per object, so a cache of 200,000 small files adds nothing to a full garbage collection
+tuple); a mapping of a disk-tier entry its whole mapping in pages (header and page rounding
+included: what it holds resident), divided by ``shared_by``. Entries are plain tuples of
+untracked values and an object's blocks are indexed without a set per object, so a cache of
+200,000 small files adds nothing to a full garbage collection
 (it added ~0.2 s to each: a stall of every call at ImageNet scale).
 ``used_bytes <= budget_bytes`` holds after every call. An entry larger than the whole
 budget is not cached (the READ that fetched it is still served). Bytes in flight are *not*
@@ -98,9 +100,10 @@ transport's in-flight cap).
 
 from __future__ import annotations
 
+import mmap
 import resource
 from collections import OrderedDict
-from typing import Final
+from typing import Final, TypeGuard
 
 from gateway import fastwire
 from gateway.data.sketch import FrequencySketch, key_hash
@@ -171,7 +174,14 @@ def mapping_limit() -> int:
     return max(0, min(32_768, limit // 2))
 
 
-def is_mapping(data: bytes | memoryview) -> bool:
+def mapped_size(view: memoryview) -> int:
+    """The pages behind ``view``, a slice of a file mapping (``is_mapping``): the whole
+    mapping (the entry's header and body), rounded up to whole pages, is what it holds
+    resident."""
+    return -(-memoryview(view.obj).nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+def is_mapping(data: bytes | memoryview) -> TypeGuard[memoryview]:
     """Whether ``data`` is (a slice of) a file mapping: a shared disk-tier entry's pages."""
     return type(data) is memoryview and isinstance(data.obj, fastwire.mapping_types())
 
@@ -375,7 +385,7 @@ class DataCache:
         the worker processes that may map it hold one copy between them (module docstring,
         "Several workers")."""
         if is_mapping(data):
-            return len(data) // self._shared_by + ENTRY_OVERHEAD
+            return mapped_size(data) // self._shared_by + ENTRY_OVERHEAD
         return len(data) + ENTRY_OVERHEAD
 
     def swap(self, bkey: BlockKey, old: bytes | memoryview, new: memoryview) -> bool:

@@ -603,6 +603,10 @@ class ObjectReader:
         for bkey, p, _, _ in f.blocks:
             if self._inflight.get(bkey) is p:
                 del self._inflight[bkey]
+        # Each _Pending points back at its fetch: break that cycle now, or the blocks (private
+        # copies, or mappings of disk-tier files) would stay alive, past the cache's budget,
+        # until the garbage collector's next full pass.
+        f.blocks.clear()
         self._ra_inflight_bytes -= f.ra_bytes
         self.stats.pending_fetch_bytes -= f.nbytes
         self._fetches.discard(f)
