@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 import netns  # noqa: E402
 
 from loadgen.gwmetrics import Samples  # noqa: E402
-from loadgen.gwprocess import GatewayProcess, free_port  # noqa: E402
+from loadgen.gwprocess import GatewayProcess, S3Account, free_port  # noqa: E402
 from tests.libnfs import NF3DIR, NF3REG, LibNfs  # noqa: E402
 
 CACHE = Path("/var/tmp/nfsgw-scale-index")
@@ -86,15 +86,22 @@ def log(msg: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Tree:
-    """``root/nFFFFFFFF/nFFFFFFFF_I.JPEG`` holding ``b"F/I\\n"``: a few bytes, unique."""
+    """``root/nFFFFFFFF/nFFFFFFFF_I.JPEG`` holding ``b"F/I\\n"``: a few bytes, unique. The
+    first ``extra`` folders hold one file more (``per_folder + 1``): 1,000 x 1,281 with
+    ``extra=167`` is ImageNet's 1,281,167 training images."""
 
     root: Path
     folders: int
     per_folder: int
+    extra: int = 0
+
+    def count(self, f: int) -> int:
+        """Files in folder ``f``."""
+        return self.per_folder + 1 if f < self.extra else self.per_folder
 
     @property
     def files(self) -> int:
-        return self.folders * self.per_folder
+        return self.folders * self.per_folder + min(self.extra, self.folders)
 
     @property
     def entries(self) -> int:
@@ -114,7 +121,12 @@ class Tree:
 
     def path(self, k: int) -> tuple[str, bytes]:
         """File number ``k`` (0 <= k < files): its path under the export and its bytes."""
-        f, i = divmod(k, self.per_folder)
+        big = min(self.extra, self.folders) * (self.per_folder + 1)
+        if k < big:
+            f, i = divmod(k, self.per_folder + 1)
+        else:
+            f, i = divmod(k - big, self.per_folder)
+            f += min(self.extra, self.folders)
         return f"/{self.folder(f)}/{self.file(f, i)}", self.content(f, i)
 
 
@@ -122,7 +134,7 @@ def _write_folder(tree: Tree, f: int) -> None:
     d = tree.root / tree.folder(f)
     d.mkdir(exist_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    for i in range(tree.per_folder):
+    for i in range(tree.count(f)):
         fd = os.open(d / tree.file(f, i), flags, 0o644)
         try:
             os.write(fd, tree.content(f, i))
@@ -130,10 +142,12 @@ def _write_folder(tree: Tree, f: int) -> None:
             os.close(fd)
 
 
-def build_tree(cache: Path, folders: int, per_folder: int, threads: int) -> Tree:
+def build_tree(cache: Path, folders: int, per_folder: int, threads: int, extra: int = 0) -> Tree:
     """The tree under ``cache/data``, built unless ``cache/complete.json`` says it is there."""
-    params = {"layout": LAYOUT, "folders": folders, "per_folder": per_folder}
-    tree = Tree(cache / "data", folders, per_folder)
+    params: dict[str, int] = {"layout": LAYOUT, "folders": folders, "per_folder": per_folder}
+    if extra:
+        params["extra"] = extra
+    tree = Tree(cache / "data", folders, per_folder, extra)
     marker, started = cache / "complete.json", cache / "building.json"
     if marker.exists() and json.loads(marker.read_text()) == params:
         log(f"tree: {tree.root} is complete ({folders:,} x {per_folder:,}), reused")
@@ -192,19 +206,29 @@ class Server(Protocol):
 
 class Nfsgw:
     """``nfsgw serve --export /data=file://TREE --read-only [FLAGS]``: defaults otherwise (the
-    config file loadgen.gwprocess writes holds only the addresses, state dir and log format)."""
+    config file loadgen.gwprocess writes holds only the addresses, state dir and log format).
+    ``backend`` (e.g. ``s3://BUCKET/``, with ``s3`` saying where that S3 is) replaces the
+    tree's ``file://`` URL (``benchmarks/scale_s3.py``)."""
 
     def __init__(
-        self, name: str, work: Path, tree: Tree, flags: Sequence[str], env: dict[str, str]
+        self,
+        name: str,
+        work: Path,
+        tree: Tree,
+        flags: Sequence[str],
+        env: dict[str, str],
+        backend: str | None = None,
+        s3: S3Account | None = None,
     ) -> None:
         self.name = name
         self.flags = ["--read-only", *flags]
         self.gw = GatewayProcess(
             work,
-            [{"path": "/data", "backend": f"file://{tree.root}"}],
+            [{"path": "/data", "backend": backend or f"file://{tree.root}"}],
             name=name,
             flags=self.flags,
             env=env,
+            s3=s3,
         )
 
     def start(self) -> None:
@@ -322,8 +346,8 @@ def list_tree(url: str, tree: Tree) -> Listing:
             seen += len(ents)
             f = int(name[1:])
             got = {e.name: e.size for e in ents if e.type == NF3REG}
-            expect = {tree.file(f, i): len(tree.content(f, i)) for i in range(tree.per_folder)}
-            if got != expect or len(ents) != tree.per_folder:
+            expect = {tree.file(f, i): len(tree.content(f, i)) for i in range(tree.count(f))}
+            if got != expect or len(ents) != tree.count(f):
                 errors.append(f"/{name}: {len(ents)} entries, names or sizes differ")
     return Listing(spent, seen, errors[:20])
 
