@@ -388,7 +388,10 @@ class DiskStore:
         return True
 
     def publish(
-        self, k: DiskKey, data: bytes, mapped: Callable[[memoryview], None] | None = None
+        self,
+        k: DiskKey,
+        data: bytes | memoryview,
+        mapped: Callable[[memoryview], None] | None = None,
     ) -> asyncio.Task[bool]:
         """Write an admitted ``k`` in the background (failures are counted, never raised);
         the task says whether it was written. A shared tier then hands the written body, as
@@ -462,7 +465,7 @@ class DiskStore:
         self._evict_later(victims)
         return True
 
-    async def _write(self, k: DiskKey, data: bytes) -> tuple[int, memoryview | None]:
+    async def _write(self, k: DiskKey, data: bytes | memoryview) -> tuple[int, memoryview | None]:
         """Write ``k`` on the executor: (``diskfile`` outcome or ``_FAILED``, the mapping of
         the written body when the tier is shared)."""
         st = self.stats

@@ -212,7 +212,7 @@ def _open_verified(path: str, k: DiskKey, mapped: bool) -> tuple[int, memoryview
     return BAD, b"", why
 
 
-def _write_all(fd: int, bufs: list[bytes]) -> None:
+def _write_all(fd: int, bufs: list[bytes | memoryview]) -> None:
     views = [memoryview(b) for b in bufs if b]
     while views:
         n = os.writev(fd, views)
@@ -224,7 +224,12 @@ def _write_all(fd: int, bufs: list[bytes]) -> None:
 
 
 def write_entry(
-    root: str, k: DiskKey, data: bytes, min_free: int, tmp_name: str, mapped: bool = False
+    root: str,
+    k: DiskKey,
+    data: bytes | memoryview,
+    min_free: int,
+    tmp_name: str,
+    mapped: bool = False,
 ) -> tuple[int, int, memoryview | None]:
     """Publish ``data`` as ``k``: (WRITTEN, free bytes after, the body mapped when ``mapped``
     asks for it), (FULL, free, None) below the floor, or (PRESENT, free, None) when an entry

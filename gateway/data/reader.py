@@ -71,7 +71,7 @@ from gateway.backend.base import (
     ObjectStore,
     PreconditionFailed,
 )
-from gateway.data.cache import ENTRY_OVERHEAD, BlockKey, DataCache
+from gateway.data.cache import ENTRY_OVERHEAD, BlockKey, DataCache, is_mapping
 from gateway.data.config import DataConfig
 from gateway.data.disk import DiskKey, DiskStore, disk_key
 from gateway.data.slots import FetchSlots
@@ -192,6 +192,17 @@ def block_runs(blocks: list[int], max_n: int) -> list[tuple[int, int]]:
 def _first_missing(f: _Fetch) -> int:
     """The index of ``f``'s first block not yet answered (by the disk tier)."""
     return next((i for i, (_, p, _, _) in enumerate(f.blocks) if not p.future.done()), 0)
+
+
+def _kept(body: bytes | memoryview | bytearray) -> bytes | memoryview:
+    """A GET's body as the cache may keep it: ``bytes``, a view of ``bytes`` (a pack member:
+    a slice of its group's buffer) or a mapping of the disk tier as they are; any other
+    buffer (its owner may reuse it) copied."""
+    if type(body) is bytes:
+        return body
+    if type(body) is memoryview and (type(body.obj) is bytes or is_mapping(body)):
+        return body
+    return bytes(body)
 
 
 def same_etag(a: str, b: str) -> bool:
@@ -391,15 +402,37 @@ class ObjectReader:
             return None
         return self._start_fetch(store, key, etag, size, 0, 1, demand=False, ahead=True)[0]
 
-    def deposit(self, store_name: str, key: str, etag: str, data: bytes) -> None:
-        """Small object version ``etag`` arrived with another's fetch (a pack's shard range):
-        kept in memory as prefetched data if the cache has room (``DataCache.room_for``),
-        else dropped; never evicts anything a READ may still want."""
+    def deposit(
+        self, store_name: str, key: str, etag: str, data: bytes | memoryview
+    ) -> asyncio.Task[bool] | None:
+        """Small object version ``etag`` arrived with another's fetch (a pack's group, ``data``
+        a slice of its buffer, kept as it is: no copy): kept in memory as prefetched data if
+        the cache has room (``DataCache.room_for``), never evicting anything a READ may still
+        want; and published to the disk tier when it admits it, so the other worker
+        processes read it from there instead of fetching its group again (a shared tier then
+        swaps the memory copy for the entry's mapping, as for a fetched object). Returns the
+        publishing task (None: nothing written). A version being fetched is left to that
+        fetch."""
         if not 0 < len(data) <= self._cfg.small_file_max:
-            return
+            return None
         bkey = (store_name, key, etag, 0)
-        if bkey not in self._cache and bkey not in self._inflight:
-            self._cache.insert(bkey, data, whole=True, ahead=True)
+        if bkey in self._inflight:
+            return None
+        disk = self._disk
+        dkey = disk_key(store_name, key, etag, 0, len(data)) if disk is not None else None
+        on_disk = disk is not None and dkey is not None and disk.admit(dkey)
+        kept = bkey not in self._cache and self._cache.insert(
+            bkey, data, whole=True, ahead=True, on_disk=on_disk
+        )
+        if not on_disk or disk is None or dkey is None:
+            return None
+        swap = None
+        if kept and disk.shared:
+
+            def swap(view: memoryview) -> None:
+                self._cache.swap(bkey, data, view)
+
+        return disk.publish(dkey, data, swap)
 
     def cached(self, store_name: str, key: str, etag: str) -> bool:
         """Whether small object version ``etag`` is in memory or being fetched."""
@@ -499,7 +532,7 @@ class ObjectReader:
                 raise BackendError(f"{f.key}: got {len(res.data)} B for a {want} B range")
             stats.bytes_fetched += want
             body = res.data
-            writes = self._deliver(f, body if type(body) is bytes else bytes(body))
+            writes = self._deliver(f, _kept(body))
             if claim is not None and claim.fd >= 0 and writes:
                 # The claim holds until the entries are in place: a waiting worker then
                 # reads them instead of fetching (the READs were answered already).
@@ -548,7 +581,7 @@ class ObjectReader:
             f.start, f.end = base + missing[0][0], base + missing[-1][1]
         return False
 
-    def _deliver(self, f: _Fetch, data: bytes) -> list[asyncio.Task[bool]]:
+    def _deliver(self, f: _Fetch, data: bytes | memoryview) -> list[asyncio.Task[bool]]:
         """Answer the waiters of ``f``, cache the blocks and publish them to the disk tier;
         the publishing tasks (a shared tier then swaps each cached copy for a mapping)."""
         disk = self._disk if f.cacheable and f.dkeys else None
@@ -561,12 +594,14 @@ class ObjectReader:
             # A multi-block GET is split by copying (~0.1 ms/MiB): a cached block must not pin
             # the whole GET buffer, or evicting it would free nothing.
             chunk = data if whole else bytes(mv[lo - f.skip : hi - f.skip])
-            on_disk = False
-            if disk is not None and disk.admit(f.dkeys[i]):
+            on_disk = is_mapping(chunk)  # the disk tier's own entry (a pack's shared group)
+            if disk is not None and not on_disk and disk.admit(f.dkeys[i]):
                 swap = None
                 if disk.shared:
 
-                    def swap(view: memoryview, bkey: BlockKey = bkey, old: bytes = chunk) -> None:
+                    def swap(
+                        view: memoryview, bkey: BlockKey = bkey, old: bytes | memoryview = chunk
+                    ) -> None:
                         self._cache.swap(bkey, old, view)
 
                 writes.append(disk.publish(f.dkeys[i], chunk, swap))

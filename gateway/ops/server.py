@@ -62,7 +62,7 @@ from gateway.ops.probe import PROBE_TIMEOUT_S, BackendProbe
 from gateway.ops.systemd import Notifier
 from gateway.ops.warmup import Warmups
 from gateway.ops.workers import WorkerRole, until_signalled
-from gateway.pack.store import PackConfig, PackedStore, PackStats
+from gateway.pack.store import PackConfig, PackedStore, PackStats, TierClaims
 from gateway.registry import Gateway
 from gateway.transport import CallHandler, ConnectionStats, RpcConnection
 from gateway.writes import WriteManager
@@ -417,7 +417,8 @@ class Server:
         # cache holds them; no latency to hide): prefetching them only takes CPU from READs.
         remote = parse_store_url(ec.backend).scheme != "file"
         if self.prefetcher is not None and ec.data_prefetch and remote:
-            ns.watcher = self.prefetcher.watch(self._leave_alone(export))
+            fetching = store.fetching if isinstance(store, PackedStore) else None
+            ns.watcher = self.prefetcher.watch(self._leave_alone(export), fetching)
         return export
 
     def _packed(self, ec: ExportConfig, inner: ObjectStore, prefix: str) -> PackedStore:
@@ -447,8 +448,17 @@ class Server:
             stats=stats,
         )
         if reader is not None:
+            # Neighbours go to memory when it has room and to the disk tier (the host's
+            # cache, shared by the workers): a group is worth fetching when either has room.
+            cache, disk = reader.cache, reader.disk
             store.deposit = partial(reader.deposit, store.name)
-            store.room = reader.cache.room_for
+            store.room = lambda n: (
+                cache.room_for(n) or (disk is not None and disk.has_room(n + n // 16))
+            )
+            if disk is not None and disk.shared:  # group fetches claimed among the workers
+                store.tier = TierClaims(
+                    disk, store.name, lambda: cache.mappings < cache.max_mappings
+                )
         t = asyncio.get_running_loop().create_task(store.load(), name=f"pack-load:{ec.path}")
         self._retiring.add(t)
         t.add_done_callback(self._retiring.discard)

@@ -6,8 +6,8 @@ Owns: loading the index (``load``: a HEAD and a GET each of the index and the un
 a LIST of the shards, parses off the event loop), deciding per GET
 whether the shard may answer it, the shard range fetches (single-flight per range) and their
 checks, and listings from the index (``list_from_index``: immutable exports, 0 LIST
-requests). Must not: cache (neighbours go to the data layer through ``deposit``), or serve
-bytes it has not verified.
+requests). Must not: cache or write the disk tier (neighbours go to the data layer through
+``deposit``), copy a member out of its group's buffer, or serve bytes it has not verified.
 
 - **Until the index is loaded.** Listings from the index wait for it: a listing asked for
   while ``load`` runs (a client that mounted as the gateway started) waits until the index is
@@ -22,16 +22,40 @@ bytes it has not verified.
   namespace lists the bucket, so a replaced object has a new ETag) and whose size is at most
   ``small_file_max`` (larger ones are read in blocks, which a member CRC cannot check). All
   other requests go to the bucket, as without a pack.
-- **Ranges.** A packed member is fetched with its *group*: the members of its shard whose
+- **Groups.** A packed member is fetched with its *group*: the members of its shard whose
   data starts in the same aligned ``range_bytes`` window (8 MiB: ~75 ImageNet files, so a cold
   epoch costs ~0.013 GET per file), as one range from the first's data to the last's end.
   Groups do not overlap, so no byte is fetched twice; concurrent GETs of members of one group
-  share its fetch, and ``covered`` tells the data prefetcher to move on to the next group.
-  Every member of the group is checked against its CRC-32 and handed to ``deposit`` (the data
-  layer keeps it if the cache has room for it, as prefetched data), so its READs find it in
-  memory. When ``room`` says the cache has no space for the group (a dataset larger than the
-  cache), only the member itself is fetched: neighbours evicted unread would multiply the
+  share its fetch, and ``covered`` tells the data prefetcher to move on to the next group
+  (also while a prefetch of one of its members is on its way here: ``fetching``). When
+  ``room`` says neither the cache nor the disk tier has space for the group (a dataset larger
+  than both), only the member itself is fetched: neighbours evicted unread would multiply the
   bytes read.
+- **No copies.** The group is received once, into one ``bytes`` buffer; every member is a
+  read-only ``memoryview`` slice of it (``.obj`` is the group's buffer), checked against its
+  CRC-32 on the slice, returned (the member asked for) or handed to ``deposit`` (the
+  neighbours), which keeps the slice in memory as prefetched data if the cache has room and
+  publishes it to the disk tier. The memory tier charges each slice its own length; the
+  group's buffer lives as long as any slice of it does (cached, or in a reply being
+  written). That is the simple option, chosen over copying out the survivors of a mostly
+  evicted group: with a dataset the cache holds (what groups in memory are for) nothing is
+  evicted and every byte of the buffers is in use (but the tar headers: ~1 %); with a shared
+  disk tier (``--workers`` > 1) each slice is swapped for a mapping of its entry once
+  published, so the buffer goes within milliseconds; with one worker and a dataset larger
+  than the cache, a buffer stays while one of its members is cached: up to ``range_bytes``
+  per group more than its slices are charged (docs/packs.md, "Memory").
+- **Shared tier.** With a disk tier (``deposit`` publishes the neighbours to it) the other
+  worker processes find the members there. With several workers (``tier``, a
+  ``SharedTier``) a group fetch is also *claimed* among them, like the data layer's fetches
+  (``DiskStore.claim``): a lock stripe of the disk tier named after the group's range, held
+  from before the GET until the neighbours' entries are written. A worker wanting a member
+  of a group another one is fetching waits for it, then reads its member from the tier (0
+  GETs: ``tier_hits``); if it is not there, it fetches the group itself. The reader asking
+  for a member holds that member's own claim already: when the group's claim falls on the
+  same stripe (1 in 4,096), this process holds it already (other workers wait on it), and
+  it is not waited for (its release may then come before the neighbours' entries are
+  written: a worker that waited and does not find its member fetches the group). A claim
+  not obtained within ``claim_wait_s`` is given up (the group is fetched; ``claim_timeouts``).
 - **Bad input.** An index that is missing, truncated, of another version, for another source
   prefix, or whose shards are not all there with their sizes: the export is served from the
   bucket (every GET falls through), the reason logged once at error level and shown in
@@ -45,11 +69,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import io
+import os
 import time
 import zlib
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Final, Protocol, cast
 
 import structlog
 
@@ -62,6 +88,8 @@ from gateway.backend.base import (
     ObjectStore,
     StoreWrapper,
 )
+from gateway.data import diskfile
+from gateway.data.disk import DiskStore, disk_key
 from gateway.pack.format import (
     INDEX_NAME,
     UNPACKED_NAME,
@@ -72,11 +100,12 @@ from gateway.pack.format import (
     parse_unpacked,
 )
 
-__all__ = ["PackConfig", "PackStats", "PackedStore"]
+__all__ = ["PackConfig", "PackStats", "PackedStore", "SharedTier", "TierClaims"]
 
 log = structlog.get_logger("nfsgw.pack")
 
 MiB = 1024 * 1024
+CLAIM_POLL_S: Final = (0.001, 0.02)  # first and longest pause between group claim attempts
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +121,9 @@ class PackConfig:
     """How long listings (and readiness) wait for the index after its load began; then they
     go to the bucket until it is in. A 400 kB index loads in well under a second, 20M members
     in tens; an NFS client retransmits a call after 60 s (``timeo=600``)."""
+    claim_wait_s: float = 5.0
+    """Longest a group fetch waits for another worker's fetch of the same group (an 8 MiB
+    range takes well under a second); then it fetches the group itself."""
 
 
 @dataclass(slots=True)
@@ -116,8 +148,96 @@ class PackStats:
     index_bytes: int = 0
 
 
-Deposit = Callable[[str, str, bytes], None]
-"""(key, etag, bytes) of a verified neighbour, for the data layer to keep if it can."""
+Deposit = Callable[[str, str, memoryview], "Awaitable[bool] | None"]
+"""(key, etag, verified slice of the group's buffer) of a neighbour, for the data layer to
+keep in memory if it can and to publish to the disk tier; returns the publishing (None when
+nothing is written), which the group's claim waits for."""
+
+
+class SharedTier(Protocol):
+    """The disk tier as a group fetch uses it when worker processes share it (``TierClaims``):
+    members named as the data layer names a whole small object's entry."""
+
+    def stripe(self, key: str, etag: str, size: int) -> str:
+        """The lock stripe of the member's entry (two claims on one stripe exclude each
+        other, in one process too)."""
+        ...
+
+    async def claim(self, key: str, etag: str, size: int) -> tuple[int, bool]:
+        """One attempt, without waiting: (fd, False) held (``release`` it), (-1, True) the
+        entry is there, (-1, False) another holder."""
+        ...
+
+    def release(self, fd: int) -> None: ...
+
+    async def has(self, key: str, etag: str, size: int) -> bool: ...
+
+    async def read(self, key: str, etag: str, size: int) -> bytes | memoryview | None: ...
+
+
+class TierClaims:
+    """``SharedTier`` over a shared ``DiskStore`` whose entries the data layer names with
+    ``store_name``; ``mapped()``: whether a hit may be a mapping (the cache's mapping limit)."""
+
+    def __init__(self, disk: DiskStore, store_name: str, mapped: Callable[[], bool]) -> None:
+        self._disk = disk
+        self._name = store_name
+        self._mapped = mapped
+
+    def _key(self, key: str, etag: str, size: int) -> diskfile.DiskKey:
+        return disk_key(self._name, key, etag, 0, size)
+
+    def stripe(self, key: str, etag: str, size: int) -> str:
+        return self._key(key, etag, size).name[:3]  # diskfile.claim's lock file
+
+    async def claim(self, key: str, etag: str, size: int) -> tuple[int, bool]:
+        fut = asyncio.get_running_loop().run_in_executor(
+            None, diskfile.claim, self._disk.root, self._key(key, etag, size)
+        )
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:  # the flock may be taken anyway: drop it when it is
+            fut.add_done_callback(_close_claim)
+            raise
+
+    def release(self, fd: int) -> None:
+        os.close(fd)  # drops the flock
+
+    async def has(self, key: str, etag: str, size: int) -> bool:
+        return await self._disk.contains(self._key(key, etag, size))
+
+    async def read(self, key: str, etag: str, size: int) -> bytes | memoryview | None:
+        return await self._disk.read(self._key(key, etag, size), self._mapped())
+
+
+def _close_claim(fut: asyncio.Future[tuple[int, bool]]) -> None:
+    if not fut.cancelled() and fut.exception() is None and fut.result()[0] >= 0:
+        os.close(fut.result()[0])
+
+
+class _Announced:
+    """A group the data prefetcher is fetching a member of (``fetching``)."""
+
+    __slots__ = ("rows", "left", "fetched")
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []  # the members being prefetched
+        self.left: list[int] = []  # members ``covered`` said to leave alone meanwhile
+        self.fetched = False  # the group was fetched (its members deposited)
+
+
+class _Group:
+    """One shard range being fetched: ``[lo, hi)`` of its shard; the future's result is the
+    range's bytes, or None when the group is on the shared tier (another worker fetched
+    it); ``stripes``: the lock stripes of the members this process is fetching it for."""
+
+    __slots__ = ("future", "lo", "hi", "stripes")
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self.lo = lo
+        self.hi = hi
+        self.stripes: set[str] = set()
 
 
 class PackedStore(StoreWrapper):
@@ -153,7 +273,17 @@ class PackedStore(StoreWrapper):
         """"loading", "ok" or why the pack is not used (``/readyz``)."""
         self.deposit: Deposit | None = None
         self.room: Callable[[int], bool] | None = None
-        self._ranges: dict[tuple[int, int], asyncio.Future[bytes]] = {}  # (shard, window)
+        """Whether ``n`` bytes of neighbours have somewhere to go (memory or the disk tier)."""
+        self.tier: SharedTier | None = None
+        """The disk tier when worker processes share it: group fetches are claimed."""
+        self._ranges: dict[tuple[int, int], _Group] = {}  # (shard, window) or (shard, -1 - row)
+        self._announced: dict[tuple[int, int], _Announced] = {}  # by (shard, window)
+        self._releasing: set[asyncio.Task[None]] = set()
+        self.tier_hits = 0
+        """Members read from the shared tier after another worker fetched their group."""
+        self.claim_waits = 0
+        """Group fetches that waited for another worker's fetch of the group."""
+        self.claim_timeouts = 0
         self._unpacked: list[tuple[bytes, Unpacked]] | None = None
         self._range_slots = asyncio.Semaphore(self._cfg.max_ranges)
         self._loading = False
@@ -299,7 +429,9 @@ class PackedStore(StoreWrapper):
                         data = None
                     if data is not None:
                         self.stats.members += 1
-                        return GetResult(data, etag, size, index.mtimes[i])
+                        # A read-only view of the group's bytes (or the tier's mapping), not
+                        # a copy: the data layer keeps views of immutable bytes as they are.
+                        return GetResult(cast(bytes, data), etag, size, index.mtimes[i])
                 self.stats.fallbacks += 1
         return await self.inner.get(key, start, end, if_match=if_match)
 
@@ -322,79 +454,235 @@ class PackedStore(StoreWrapper):
             b += 1
         return a, b
 
-    def covered(self, key: str) -> bool:
-        """Whether ``key`` is being fetched with another member's range (the data
-        prefetcher then moves on to another range)."""
+    def _window(self, key: str) -> tuple[int, int, int] | None:
+        """(row, shard, window) of packed member ``key``; None when it is not one."""
         index = self.index
         if index is None or not key.startswith(self._source_prefix):
-            return False
+            return None
         i = index.find(key[len(self._source_prefix) :])
-        r = self._cfg.range_bytes
-        return i >= 0 and (index.shard_of[i], index.data_at[i] // r) in self._ranges
+        if i < 0:
+            return None
+        return i, index.shard_of[i], index.data_at[i] // self._cfg.range_bytes
 
-    async def _member(self, index: PackIndex, i: int) -> bytes | None:
-        """Member ``i``'s verified bytes, fetched with its group (or alone); None when they
-        fail their CRC."""
+    def covered(self, key: str) -> bool:
+        """Whether ``key`` comes with another member's group: its group is being fetched, or
+        the data prefetcher is on its way to fetch another member of it (``fetching``). The
+        prefetcher then moves on to another group."""
+        w = self._window(key)
+        if w is None:
+            return False
+        i, shard, window = w
+        if (shard, window) in self._ranges:
+            return True
+        ann = self._announced.get((shard, window))
+        if ann is None or i in ann.rows:
+            return False
+        ann.left.append(i)  # looked at again if the group is not fetched after all
+        return True
+
+    def fetching(self, key: str, started: bool) -> list[str]:
+        """The data prefetcher starts (``started``) or ended a fetch of ``key``: while it
+        runs, the other members of its group are ``covered``. At the end, the members left
+        alone for it when its group was not fetched after all (the member was on the disk
+        tier, or fetched alone, or failed): the prefetcher looks at them again."""
+        w = self._window(key)
+        if w is None:
+            return []
+        i, shard, window = w
+        ann = self._announced.get((shard, window))
+        if started:
+            if ann is None:
+                self._announced[(shard, window)] = ann = _Announced()
+            ann.rows.append(i)
+            return []
+        if ann is None or i not in ann.rows:
+            return []
+        ann.rows.remove(i)
+        if ann.rows:  # another prefetch of the group is on its way
+            return []
+        del self._announced[(shard, window)]
+        index = self.index
+        if ann.fetched or index is None:
+            return []
+        return [self._source_prefix + index.path(j) for j in ann.left]
+
+    async def _member(self, index: PackIndex, i: int) -> bytes | memoryview | None:
+        """Member ``i``'s verified bytes, a slice of its group's buffer (fetched with its
+        group, or alone), or the shared tier's entry; None when they fail their CRC."""
         off, size = index.data_at[i], index.sizes[i]
         if size == 0:
             return b""
-        shard = index.shards[index.shard_of[i]]
+        shard_no = index.shard_of[i]
         a, b = self._group(index, i)
         lo, hi = index.data_at[a], index.data_at[b] + index.sizes[b]
-        alone = a == b or (self.room is not None and not self.room(hi - lo))
-        if alone:
-            lo, hi = off, off + size
-            rkey = (shard.no, -1 - i)
-        else:
-            rkey = (shard.no, off // self._cfg.range_bytes)
-        fut = self._ranges.get(rkey)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            self._ranges[rkey] = fut
+        rkey = (shard_no, off // self._cfg.range_bytes)
+        g = self._ranges.get(rkey)
+        if (
+            a == b
+            or (g is None and self.room is not None and not self.room(hi - lo))
+            or (g is not None and not g.lo <= off < off + size <= g.hi)  # split by a large one
+        ):  # alone
+            a = b = i
+            lo, hi, rkey = off, off + size, (shard_no, -1 - i)
+            g = self._ranges.get(rkey)
+        tier = self.tier
+        if g is None:
+            g = _Group(lo, hi)
+            if tier is not None and a != b:
+                g.stripes.add(self._stripe(tier, index, i))
+            self._ranges[rkey] = g
             try:
-                async with self._range_slots:
-                    res = await self._packs.get(self._pack_prefix + shard.name, lo, hi)
-                data = bytes(res.data)
-                if len(data) != hi - lo:
-                    raise BackendError(f"{shard.name}: got {len(data)} B for {hi - lo} B")
-                self.stats.ranges += 1
-                self.stats.range_bytes += len(data)
-                fut.set_result(data)
-                if not alone:
-                    self._deposit(index, a, b, lo, data, skip=i)
+                data = await self._fetch(index, g, a, b, i)
             except asyncio.CancelledError:
-                fut.cancel()
+                g.future.cancel()
                 raise
             except Exception as e:
-                fut.set_exception(e)
-                fut.exception()  # retrieved: the waiters re-raise it
+                g.future.set_exception(e)
+                g.future.exception()  # retrieved: the waiters re-raise it
                 raise
+            else:
+                g.future.set_result(data)
             finally:
                 del self._ranges[rkey]
         else:
-            data = await asyncio.shield(fut)
-        body = data[off - lo : off - lo + size]
+            if tier is not None and g.hi - g.lo > size:
+                g.stripes.add(self._stripe(tier, index, i))
+            data = await asyncio.shield(g.future)
+        if data is None:  # another worker fetched the group: the members are on the tier
+            return await self._from_tier(index, i)
+        body = memoryview(data)[off - g.lo : off - g.lo + size]
         if zlib.crc32(body) != index.crcs[i]:
             self.stats.corrupt += 1
             log.warning("pack_member_corrupt", pack=self.url, path=index.path(i))
             return None
         return body
 
-    def _deposit(self, index: PackIndex, a: int, b: int, lo: int, data: bytes, skip: int) -> None:
-        """Rows [a, b] but ``skip``, verified, to the data layer (``deposit``)."""
+    async def _fetch(self, index: PackIndex, g: _Group, a: int, b: int, i: int) -> bytes | None:
+        """Rows [a, b]'s range ``[g.lo, g.hi)`` of their shard, in one buffer, the
+        neighbours deposited; None when another worker fetched it meanwhile and member ``i``
+        is on the shared tier."""
+        shard = index.shards[index.shard_of[i]]
+        tier = self.tier if a != b else None
+        fd, look = (-1, False) if tier is None else await self._claim(tier, shard.name, g)
+        writes: list[Awaitable[bool]] = []
+        try:
+            if look and tier is not None:
+                path = self._source_prefix + index.path(i)
+                if await tier.has(path, index.etag(i), index.sizes[i]):
+                    return None
+            async with self._range_slots:
+                res = await self._packs.get(self._pack_prefix + shard.name, g.lo, g.hi)
+            data = res.data if type(res.data) is bytes else bytes(res.data)
+            if len(data) != g.hi - g.lo:
+                raise BackendError(f"{shard.name}: got {len(data)} B for {g.hi - g.lo} B")
+            self.stats.ranges += 1
+            self.stats.range_bytes += len(data)
+            if a != b:
+                writes = self._deposit(index, a, b, g.lo, data, skip=i)
+                window = index.data_at[i] // self._cfg.range_bytes
+                ann = self._announced.get((index.shard_of[i], window))
+                if ann is not None:
+                    ann.fetched = True
+            return data
+        finally:
+            if fd >= 0 and tier is not None:
+                if writes:  # held until the neighbours' entries are in place
+                    t = asyncio.get_running_loop().create_task(self._release(tier, fd, writes))
+                    self._releasing.add(t)
+                    t.add_done_callback(self._releasing.discard)
+                else:
+                    tier.release(fd)
+
+    @staticmethod
+    async def _release(tier: SharedTier, fd: int, writes: list[Awaitable[bool]]) -> None:
+        try:
+            await asyncio.gather(*writes, return_exceptions=True)
+        finally:
+            tier.release(fd)
+
+    def _stripe(self, tier: SharedTier, index: PackIndex, i: int) -> str:
+        return tier.stripe(self._source_prefix + index.path(i), index.etag(i), index.sizes[i])
+
+    async def _claim(self, tier: SharedTier, shard: str, g: _Group) -> tuple[int, bool]:
+        """Claim the group's fetch among the workers: (fd held or -1, whether another worker
+        had it: look on the tier first). The claim is an entry no one writes (the group's
+        range), so it is never "present": a worker that waited then looks for its member."""
+        path, size = f"{self.url}{shard}@{g.lo}", g.hi - g.lo
+        stripe = tier.stripe(path, "", size)
+        pause, longest = CLAIM_POLL_S
+        deadline = 0.0
+        while True:
+            if stripe in g.stripes:
+                # A caller in this process holds that stripe (its member's own claim): the
+                # other workers wait on it already.
+                return -1, bool(deadline)
+            fd, present = await tier.claim(path, "", size)
+            if fd >= 0 or present:
+                return fd, present or bool(deadline)
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + self._cfg.claim_wait_s
+                self.claim_waits += 1
+            elif now >= deadline:
+                self.claim_timeouts += 1
+                return -1, True
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, longest)
+
+    async def _from_tier(self, index: PackIndex, i: int) -> bytes | memoryview | None:
+        """Member ``i`` from the shared tier (another worker's group fetch published it),
+        else fetched alone."""
+        tier = self.tier
+        if tier is not None:
+            path = self._source_prefix + index.path(i)
+            body = await tier.read(path, index.etag(i), index.sizes[i])
+            if body is not None:
+                self.tier_hits += 1
+                return body
+        off, size = index.data_at[i], index.sizes[i]
+        g = _Group(off, off + size)
+        rkey = (index.shard_of[i], -1 - i)
+        if rkey in self._ranges:
+            data = await asyncio.shield(self._ranges[rkey].future)
+        else:
+            self._ranges[rkey] = g
+            try:
+                data = await self._fetch(index, g, i, i, i)
+            finally:
+                del self._ranges[rkey]
+        if data is None:  # pragma: no cover - a member alone is never claimed
+            return None
+        body = memoryview(data)[:size]
+        if zlib.crc32(body) != index.crcs[i]:
+            self.stats.corrupt += 1
+            log.warning("pack_member_corrupt", pack=self.url, path=index.path(i))
+            return None
+        return body
+
+    def _deposit(
+        self, index: PackIndex, a: int, b: int, lo: int, data: bytes, skip: int
+    ) -> list[Awaitable[bool]]:
+        """Rows [a, b] but ``skip``, verified, to the data layer (``deposit``), each a slice
+        of ``data``; the publishing of those the disk tier takes."""
         deposit = self.deposit
         if deposit is None:
-            return
+            return []
+        view = memoryview(data)
+        writes: list[Awaitable[bool]] = []
+        prefix, crcs, data_at, sizes = self._source_prefix, index.crcs, index.data_at, index.sizes
         for j in range(a, b + 1):
-            off, size = index.data_at[j], index.sizes[j]
+            off, size = data_at[j], sizes[j]
             if j == skip or size == 0:
                 continue
-            body = data[off - lo : off - lo + size]
-            if zlib.crc32(body) == index.crcs[j]:
-                deposit(self._source_prefix + index.path(j), index.etag(j), body)
+            body = view[off - lo : off - lo + size]
+            if zlib.crc32(body) == crcs[j]:
+                w = deposit(prefix + index.path(j), index.etag(j), body)
+                if w is not None:
+                    writes.append(w)
                 self.stats.deposited += 1
             else:
                 self.stats.corrupt += 1
+        return writes
 
     # -- listings -------------------------------------------------------------------------
 
@@ -434,6 +722,10 @@ class PackedStore(StoreWrapper):
         )
 
     async def close(self) -> None:
+        for t in self._releasing:  # group claims still held for their writes: dropped
+            t.cancel()
+        if self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
         try:
             await self.inner.close()
         finally:

@@ -13,6 +13,7 @@ layout (``gateway.pack.format``; the tests of ``nfsgw pack`` itself run it again
 from __future__ import annotations
 
 import asyncio
+import functools
 import gzip
 import io
 import random
@@ -25,7 +26,13 @@ from typing import Any
 import pytest
 
 from gateway.backend.memory import MemoryStore
+from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
+from gateway.data.cache import ENTRY_OVERHEAD, is_mapping
+from gateway.data.config import DiskConfig
+from gateway.data.disk import DiskStore
+from gateway.data.prefetch import DataPrefetcher
 from gateway.exports import ExportConfig
+from gateway.namespace.columns import Columns
 from gateway.pack.format import (
     END_OF_ARCHIVE,
     INDEX_NAME,
@@ -39,7 +46,7 @@ from gateway.pack.format import (
     padding,
     shard_name,
 )
-from gateway.pack.store import PackedStore
+from gateway.pack.store import PackConfig, PackedStore, TierClaims
 from nfsproto.nfs3 import NfsStat3
 from tests.harness.memory import MemoryGateway
 
@@ -298,3 +305,261 @@ async def test_keys_the_pack_does_not_hold_are_listed_with_the_index(tmp_path: P
         assert res.status == NfsStat3.NFS3_OK
         await read_tree(gw, files)
         assert [op for op, _ in store.log if op == "list"] == []
+
+
+# -- issue 25: members without copies, the shared tier, whole groups prefetched -------------
+#
+# A ``PackedStore`` in front of the data layer as the composition root wires it
+# (``gateway.ops.server``: ``deposit``, ``room``, ``tier``, the prefetcher's ``covered`` and
+# ``fetching``), with one ``ObjectReader`` per simulated worker process; two workers share one
+# disk tier directory as in tests/unit/gateway/test_shared_cache.py (``flock`` claims conflict
+# between two open files of one process exactly as between two processes).
+
+
+def group_tree(n: int = 60, seed: int = 5) -> dict[str, bytes]:
+    """``n`` files of 20-60 KiB in one directory: with 1 MiB groups, several groups."""
+    rng = random.Random(seed)
+    return {
+        f"ds/c0/f{i:03d}.jpg": rng.randbytes(rng.randrange(20 * KiB, 60 * KiB)) for i in range(n)
+    }
+
+
+class Worker:
+    """One simulated worker: its own ``PackedStore`` and data layer over the shared bucket."""
+
+    def __init__(self, store: MemoryStore, disk: DiskStore | None, budget: int = 64 * MiB) -> None:
+        self.packed = PackedStore(
+            store, store, "packs/ds/", "ds/", PACK, "s3://b/ds/",
+            small_file_max=4 * MiB, config=PackConfig(range_bytes=1 * MiB),
+        )  # fmt: skip
+        stats = DataStats()
+        cache = DataCache(budget, stats=stats, shared_by=2 if disk and disk.shared else 1)
+        self.reader = ObjectReader(cache, DataConfig(), stats, disk)
+        p = self.packed
+        p.deposit = functools.partial(self.reader.deposit, p.name)
+        p.room = cache.room_for
+        if disk is not None and disk.shared:
+            p.tier = TierClaims(disk, p.name, lambda: cache.mappings < cache.max_mappings)
+
+    async def read(self, store: MemoryStore, key: str) -> bytes | memoryview:
+        o = store._objects[key.encode()]
+        data, eof = await self.reader.read(self.packed, key, o.etag, len(o.data), 0, len(o.data))
+        assert eof
+        return data
+
+    def cached(self, store: MemoryStore, key: str) -> bytes | memoryview | None:
+        o = store._objects[key.encode()]
+        return self.reader.cache.lookup((self.packed.name, key, o.etag, 0))
+
+
+def seeded(files: Mapping[str, bytes], **kw: Any) -> tuple[MemoryStore, list[Member]]:
+    store = MemoryStore("mem", **kw)
+    for k, v in files.items():
+        store.seed(k, v)
+    members = write_pack(store, files, shard_bytes=64 * MiB)  # one shard
+    return store, members
+
+
+def groups_of(members: list[Member], range_bytes: int = 1 * MiB) -> list[list[str]]:
+    """The keys of each group, as ``PackedStore._group`` forms them (one shard)."""
+    out: dict[int, list[str]] = {}
+    for m in members:
+        out.setdefault(m.offset // range_bytes, []).append("ds/" + m.path)
+    return list(out.values())
+
+
+async def test_a_group_is_one_get_and_its_members_are_slices_of_one_buffer() -> None:
+    files = group_tree()
+    store, members = seeded(files)
+    groups = groups_of(members)
+    assert len(groups) >= 2 and all(len(g) >= 10 for g in groups)
+    w = Worker(store, None)
+    await w.packed.load()
+    store.reset_counts()
+    first = groups[0]
+    got = await w.read(store, first[3])  # a member in the middle of its group
+    assert gets(store, "packs/ds/shard-") == 1 and gets(store, "ds/") == 0
+    assert isinstance(got, memoryview) and bytes(got) == files[first[3]]
+    buffer = got.obj
+    assert type(buffer) is bytes
+    # Every member of the group is cached as a slice of that one buffer: no copy per member.
+    for key in first:
+        body = w.cached(store, key)
+        assert isinstance(body, memoryview) and body.obj is buffer and body.readonly, key
+        assert bytes(body) == files[key], key
+    assert w.packed.stats.deposited == len(first) - 1
+    # Charged its own length each (the buffer is not charged again per slice).
+    assert w.reader.cache.used_bytes == sum(len(files[k]) + ENTRY_OVERHEAD for k in first)
+    # Reading the whole group: no more GETs, every READ a memory hit.
+    for key in first:
+        assert bytes(await w.read(store, key)) == files[key]
+    assert gets(store, "packs/ds/shard-") == 1
+    # The other groups: one GET each.
+    for key in sorted(files):
+        assert bytes(await w.read(store, key)) == files[key]
+    assert gets(store, "packs/ds/shard-") == len(groups) and gets(store, "ds/") == 0
+
+
+async def test_a_damaged_member_is_neither_served_nor_cached_from_the_shard() -> None:
+    files = group_tree()
+    store, members = seeded(files)
+    group = groups_of(members)[0]
+    bad = next(m for m in members if "ds/" + m.path == group[5])
+    shard = store._objects[f"packs/ds/{shard_name(bad.shard)}".encode()]
+    data = bytearray(shard.data)
+    data[bad.offset + 100] ^= 0x01  # one bit: only the CRC-32 can tell
+    shard.data = bytes(data)
+    w = Worker(store, None)
+    await w.packed.load()
+    store.reset_counts()
+    assert bytes(await w.read(store, group[0])) == files[group[0]]
+    assert w.packed.stats.corrupt == 1
+    assert w.cached(store, group[5]) is None  # not deposited
+    got = await w.read(store, group[5])  # from its own object, its right bytes
+    assert bytes(got) == files[group[5]]
+    assert gets(store, "ds/c0/") == 1 and gets(store, "packs/ds/shard-") == 2  # + it alone
+    assert w.packed.stats.corrupt == 2 and w.packed.stats.fallbacks == 1
+    cached = w.cached(store, group[5])
+    assert cached is not None and bytes(cached) == files[group[5]]
+    # The damaged member is also refused when asked for first (the group's own read).
+    w2 = Worker(store, None)
+    await w2.packed.load()
+    assert bytes(await w2.read(store, group[5])) == files[group[5]]
+    assert w2.cached(store, group[6]) is not None and w2.packed.stats.corrupt == 1
+
+
+async def shared_tier(d: Path) -> DiskStore:
+    disk = await DiskStore.open(d, DiskConfig(budget=256 * MiB, min_free=0), shared=True)
+    assert disk is not None
+    return disk
+
+
+async def test_a_group_fetched_by_one_worker_is_read_by_another_with_no_get(
+    tmp_path: Path,
+) -> None:
+    files = group_tree()
+    store, members = seeded(files)
+    group = groups_of(members)[0]
+    a_disk, b_disk = await shared_tier(tmp_path / "c"), await shared_tier(tmp_path / "c")
+    a, b = Worker(store, a_disk), Worker(store, b_disk)
+    await a.packed.load()
+    await b.packed.load()
+    store.reset_counts()
+    assert bytes(await a.read(store, group[0])) == files[group[0]]
+    await a_disk.drain()
+    assert gets(store, "packs/ds/shard-") == 1
+    assert a_disk.stats.writes == len(group)  # the member and its neighbours, published
+    for key in group:  # the other worker: disk hits, mapped, no GET
+        assert bytes(await b.read(store, key)) == files[key]
+        body = b.cached(store, key)
+        assert body is not None and is_mapping(body)
+    assert gets(store, "packs/ds/shard-") == 1 and gets(store, "ds/") == 0
+    assert b.packed.stats.ranges == 0 and b_disk.stats.hits == len(group)
+    # The fetching worker's slices were swapped for the entries' mappings once published:
+    # the group's buffer is no longer held by its cache.
+    assert all(is_mapping(a.cached(store, k) or b"") for k in group)
+    for d in (a_disk, b_disk):
+        await d.close()
+
+
+async def test_two_workers_reading_one_group_at_once_make_one_get(tmp_path: Path) -> None:
+    files = group_tree()
+    store, members = seeded(files, latency_s={"get": 0.05})
+    group = groups_of(members)[0]
+    a_disk, b_disk = await shared_tier(tmp_path / "c"), await shared_tier(tmp_path / "c")
+    a, b = Worker(store, a_disk), Worker(store, b_disk)
+    await a.packed.load()
+    await b.packed.load()
+    store.reset_counts()
+    # Each worker reads half of the group's members, at the same time.
+    got = await asyncio.gather(
+        *(a.read(store, k) for k in group[0::2]), *(b.read(store, k) for k in group[1::2])
+    )
+    assert [bytes(x) for x in got] == [files[k] for k in group[0::2] + group[1::2]]
+    assert gets(store, "packs/ds/shard-") == 1 and gets(store, "ds/") == 0
+    waited = a.packed if a.packed.claim_waits else b.packed
+    assert waited.claim_waits == 1 and waited.tier_hits >= 1 and waited.stats.ranges == 0
+    assert a.packed.claim_timeouts == b.packed.claim_timeouts == 0
+    for d in (a_disk, b_disk):
+        await d.close()
+
+
+async def test_neighbours_go_to_the_disk_tier_when_memory_has_no_room(tmp_path: Path) -> None:
+    """One worker, a memory tier too small for a group: the group is still fetched (the disk
+    tier takes the neighbours), and its members are then disk hits."""
+    files = group_tree()
+    store, members = seeded(files)
+    group = groups_of(members)[0]
+    disk = await DiskStore.open(tmp_path / "c", DiskConfig(budget=256 * MiB, min_free=0))
+    assert disk is not None and not disk.shared
+    w = Worker(store, disk, budget=256 * KiB)
+    cache = w.reader.cache
+    w.packed.room = lambda n: cache.room_for(n) or disk.has_room(n + n // 16)  # as server.py
+    await w.packed.load()
+    store.reset_counts()
+    assert bytes(await w.read(store, group[0])) == files[group[0]]
+    await disk.drain()
+    assert gets(store, "packs/ds/shard-") == 1 and disk.stats.writes == len(group)
+    for key in group:
+        assert bytes(await w.read(store, key)) == files[key]
+    assert gets(store, "packs/ds/shard-") == 1 and gets(store, "ds/") == 0
+    await disk.close()
+
+
+async def test_the_prefetcher_fetches_whole_groups_and_walks_on_by_group() -> None:
+    files = group_tree()
+    store, members = seeded(files)
+    groups = groups_of(members)
+    w = Worker(store, None)
+    await w.packed.load()
+    store.reset_counts()
+    p = DataPrefetcher(w.reader)
+    names = [k.removeprefix("ds/c0/") for k in sorted(files)]
+    objs = [store._objects[k.encode()] for k in sorted(files)]
+    cols = Columns(
+        names, bytes(len(names)), [len(o.data) for o in objs], [0] * len(names),
+        [o.etag for o in objs],
+    )  # fmt: skip
+    p.add_dir(w.packed, "ds/c0/", cols, w.packed.covered, w.packed.fetching)
+    p.start()
+    async with asyncio.timeout(10):
+        while not p.idle or w.reader.stats.pending_fetch_bytes:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    # One GET per group, one prefetch per group (the walk moved on by group), and every
+    # member in memory as a slice of its group's buffer.
+    assert gets(store, "packs/ds/shard-") == len(groups) and gets(store, "ds/") == 0
+    assert p.stats.objects == len(groups)
+    for g in groups:
+        bodies = [w.cached(store, k) for k in g]
+        assert all(isinstance(x, memoryview) for x in bodies)
+        assert len({id(x.obj) for x in bodies if isinstance(x, memoryview)}) == 1
+        assert [bytes(x or b"") for x in bodies] == [files[k] for k in g]
+    assert w.packed._announced == {}
+    await p.close()
+
+
+async def test_members_left_alone_for_a_group_not_fetched_are_prefetched_after_all() -> None:
+    """The first member of each group is in memory already (a group is then fetched alone:
+    the memory has no room for groups): the members the walk left alone while it was on its
+    way are looked at again, so every file is still prefetched."""
+    files = group_tree(30)
+    store, _ = seeded(files)
+    w = Worker(store, None)
+    w.packed.room = lambda n: False  # no room for a group: members alone
+    await w.packed.load()
+    store.reset_counts()
+    p = DataPrefetcher(w.reader)
+    names = [k.removeprefix("ds/c0/") for k in sorted(files)]
+    objs = [store._objects[k.encode()] for k in sorted(files)]
+    cols = Columns(
+        names, bytes(len(names)), [len(o.data) for o in objs], [0] * len(names),
+        [o.etag for o in objs],
+    )  # fmt: skip
+    p.add_dir(w.packed, "ds/c0/", cols, w.packed.covered, w.packed.fetching)
+    p.start()
+    async with asyncio.timeout(10):
+        while not p.idle or w.reader.stats.pending_fetch_bytes:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    assert all(w.cached(store, k) is not None for k in files)
+    assert gets(store, "packs/ds/shard-") == len(files)  # each alone
+    await p.close()
