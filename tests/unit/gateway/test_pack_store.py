@@ -485,14 +485,16 @@ async def test_two_workers_reading_one_group_at_once_make_one_get(tmp_path: Path
 
 
 async def test_neighbours_go_to_the_disk_tier_when_memory_has_no_room(tmp_path: Path) -> None:
-    """One worker, a memory tier too small for a group: the group is still fetched (the disk
-    tier takes the neighbours), and its members are then disk hits."""
+    """One worker, a memory tier too small for any member (16 KiB): the group is still
+    fetched (the disk tier takes the neighbours), and its members are then disk hits. (One
+    worker with room in memory keeps them there only: a disk write costs more CPU than the
+    rest of a member's cold path.)"""
     files = group_tree()
     store, members = seeded(files)
     group = groups_of(members)[0]
     disk = await DiskStore.open(tmp_path / "c", DiskConfig(budget=256 * MiB, min_free=0))
     assert disk is not None and not disk.shared
-    w = Worker(store, disk, budget=256 * KiB)
+    w = Worker(store, disk, budget=16 * KiB)
     cache = w.reader.cache
     w.packed.room = lambda n: cache.room_for(n) or disk.has_room(n + n // 16)  # as server.py
     await w.packed.load()
@@ -503,6 +505,21 @@ async def test_neighbours_go_to_the_disk_tier_when_memory_has_no_room(tmp_path: 
     for key in group:
         assert bytes(await w.read(store, key)) == files[key]
     assert gets(store, "packs/ds/shard-") == 1 and gets(store, "ds/") == 0
+    await disk.close()
+
+
+async def test_one_worker_with_room_keeps_the_neighbours_in_memory_only(tmp_path: Path) -> None:
+    files = group_tree()
+    store, members = seeded(files)
+    group = groups_of(members)[0]
+    disk = await DiskStore.open(tmp_path / "c", DiskConfig(budget=256 * MiB, min_free=0))
+    assert disk is not None
+    w = Worker(store, disk)
+    await w.packed.load()
+    await w.read(store, group[0])
+    await disk.drain()
+    assert disk.stats.writes == 1  # the member asked for (the reader's own fetch)
+    assert all(isinstance(w.cached(store, k), memoryview) for k in group)
     await disk.close()
 
 
