@@ -2,14 +2,17 @@
 epochs over the same tree served unpacked and packed, side by side in one run.
 
     .venv/bin/python benchmarks/packs.py [--files 10000] [--size 110000] [--latency-ms 20]
-        [--clients 4] [--epochs-2x 3] [--out DIR]
+        [--clients 4] [--epochs-2x 3] [--workers 1] [--out DIR]
 
 Set-up as ``benchmarks/data_prefetch.py`` (whose helpers this script reuses): a throw-away
 SeaweedFS holding ``--files`` files in folders of 100 (lognormal sizes of mean ``--size``),
 the delay proxy in its own process adding ``--latency-ms`` to every request and counting them,
-a fresh ``nfsgw serve`` per configuration (one process, read-only, immutable export, memory
-cache only, data prefetch on: the defaults), and libnfs clients: an ImageFolder-like scan, then
-``--clients`` threads each reading whole files in a fresh random order, every byte checked.
+a fresh ``nfsgw serve`` per configuration (``--workers`` processes, one by default; read-only,
+immutable export; the default data cache: the memory tier plus the disk tier under the
+gateway's state directory, fresh for each configuration; data prefetch on), and libnfs
+clients: an ImageFolder-like scan, then ``--clients`` threads each reading whole files in a
+fresh random order, every byte checked. Each epoch also reports the disk tier's hits and
+writes (a packed group's neighbours are written there too).
 
 1. **Pack**: ``nfsgw pack s3://bench/train --to s3://bench/packs/train`` straight against
    SeaweedFS (no added latency): seconds and MB/s, and the time projected for ImageNet's
@@ -85,6 +88,8 @@ class Epoch:
     pack_ranges: int
     pack_fallbacks: int
     memory_hit_ratio: float
+    disk_hits: int
+    disk_writes: int
     gateway_cpu_s_per_1k: float
     cpu_share: dict[str, float]  # of the epoch's wall time, per process (1.0 = one core)
     errors: int
@@ -136,6 +141,7 @@ def run_gateway(
         sections={"cache": {"memory": memory}},
         s3=Account(proxy.endpoint_url, sw.access_key, sw.secret_key),
         env=env,
+        workers=a.workers,
     )
     run = Run(name, memory)
     total = manifest.total_bytes
@@ -143,7 +149,7 @@ def run_gateway(
     try:
         if packed:  # the index loads in the background: wait for it
             deadline = time.monotonic() + 120
-            while metric(gw.metrics(), "nfsgw_pack_loaded") < 1:
+            while metric(gw.metrics(), "nfsgw_pack_loaded") < a.workers:  # summed
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the pack was not loaded: {gw.log_path}")
                 time.sleep(0.1)
@@ -196,6 +202,8 @@ def run_gateway(
                     pack_ranges=ranges,
                     pack_fallbacks=round(d("nfsgw_pack_fallbacks_total")),
                     memory_hit_ratio=round(hits / looks, 4) if looks else 0.0,
+                    disk_hits=round(d("nfsgw_disk_cache_hits_total")),
+                    disk_writes=round(d("nfsgw_disk_cache_writes_total")),
                     gateway_cpu_s_per_1k=round(cpu / n * 1000, 3),
                     cpu_share={k: round(v, 2) for k, v in shares.items()},
                     errors=errors,
@@ -277,6 +285,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-ms", type=float, default=20.0, help="added to every S3 request")
     p.add_argument("--clients", type=int, default=4, help="client threads (connections)")
     p.add_argument("--seed", type=int, default=1, help="epoch orders")
+    p.add_argument("--workers", type=int, default=1, help="nfsgw serve --workers")
     p.add_argument("--out", type=Path, default=OUT, help="results.json and the logs")
     p.add_argument("--skip-2x", action="store_true", help="leave out the twice-the-cache run")
     return p.parse_args(argv)
