@@ -175,6 +175,7 @@ class Supervisor:
         self.started = False
         self.stopping = False
         self.last_reload_error: list[str] = []
+        self.not_ready = ""  # worker 0's /readyz reason, named in STATUS= ("" when ready)
         self._held: list[socket.socket] = []
         self._monitors: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
@@ -229,7 +230,8 @@ class Supervisor:
 
     def status(self) -> str:
         up = sum(1 for w in self.workers if w.ready)
-        return f"{up} of {self.count} workers serving on port {self.port}"
+        text = f"{up} of {self.count} workers serving on port {self.port}"
+        return f"{text}; {self.not_ready}" if self.not_ready else text
 
     def _worker_argv(self, w: Worker) -> list[str]:
         args = [*self.argv, "--port", str(self.port), "--worker", w.role.arg()]
@@ -284,6 +286,8 @@ class Supervisor:
                 try:
                     async with s.get("http://worker/healthz") as r:
                         ok = r.status == 200
+                    if ok and w.role.index == 0:
+                        await self._readiness(s)
                 except (aiohttp.ClientError, OSError, TimeoutError):
                     ok = False
                 misses = 0 if ok else misses + 1
@@ -291,6 +295,17 @@ class Supervisor:
                     log.error("worker_wedged", worker=w.role.index, pid=w.pid, misses=misses)
                     w.proc.kill()
                     misses = 0
+
+    async def _readiness(self, s: Any) -> None:
+        """Worker 0's ``/readyz`` reason (an export whose backend does not answer, a pack
+        index loading: every worker sees the same backends) into the service's ``STATUS=``,
+        when it changes."""
+        async with s.get("http://worker/readyz") as r:
+            body = await r.json(content_type=None) if r.status in (200, 503) else {}
+        reason = "" if r.status == 200 else str(body.get("reason", "")) if body else ""
+        if reason != self.not_ready:
+            self.not_ready = reason
+            self.notifier.status(self.status())
 
     async def _monitor(self, w: Worker) -> None:
         """Restart ``w`` whenever it exits, until the supervisor stops."""

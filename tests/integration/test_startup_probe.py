@@ -142,6 +142,37 @@ def test_an_endpoint_nobody_listens_on(tmp_path: Path, manager: Manager) -> None
         assert len(lines(gw, "export_backend_failed")) == 1
 
 
+def test_with_workers_the_services_status_names_the_export(
+    tmp_path: Path, manager: Manager
+) -> None:
+    """The supervisor's STATUS= (the one systemd shows) carries worker 0's /readyz reason."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "NOTIFY_SOCKET": str(manager.path),
+    }
+    gw = GatewayProcess(
+        tmp_path,
+        [{"path": "/data", "backend": "s3://nosuchbucket/"}],
+        sections={**STATE, "s3": {"endpoint_url": dead}},
+        env=env,
+        startup_timeout_s=30,
+        workers=2,
+    )
+    with gw:
+        ready = manager.wait_for("READY")
+        assert ready["STATUS"].startswith("2 of 2 workers serving")
+        while "not answer" not in (status := manager.wait_for("STATUS")["STATUS"]):
+            pass  # within the supervisor's next health probe (PROBE_EVERY_S / 2)
+        assert status.startswith("2 of 2 workers serving on port ")
+        assert "/data: the endpoint does not answer" in status
+
+
 def test_a_missing_bucket_then_created(seaweed: SeaweedServer, tmp_path: Path) -> None:
     bucket = f"t-{uuid.uuid4().hex[:16]}"
     gw = GatewayProcess(
