@@ -75,6 +75,7 @@ from gateway.backend.base import (
     PreconditionFailed,
     RequestObserver,
 )
+from gateway.backend.dirwatch import DirWatch, WatchToken
 
 T = TypeVar("T")
 
@@ -150,12 +151,37 @@ class LocalStore:
         self._continued = _Continuations()
         self._list_process = list_process
         self._lister: ProcessPoolExecutor | None = None
+        self._watch: DirWatch | None = None
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         await asyncio.to_thread(self._pool.shutdown, True)
         if self._lister is not None:
             lister, self._lister = self._lister, None
             await asyncio.to_thread(lister.shutdown, True, cancel_futures=True)
+
+    # ------------------------------------------------------------------ change notification
+
+    def watch_listing(self, prefix: str) -> WatchToken | None:
+        """Called as a one-level listing of ``prefix`` (a directory: "" or ending in "/")
+        starts: a token for ``unchanged_since``, or None when the kernel cannot watch it
+        (``dirwatch``). Optional ``ObjectStore`` capability (the namespace skips the re-list
+        of a directory nothing changed in)."""
+        if prefix and not prefix.endswith("/"):
+            return None
+        try:
+            path = self._path(prefix)[0] if prefix else self.root
+        except InvalidKey:
+            return None
+        if self._watch is None:
+            self._watch = DirWatch()
+        return self._watch.arm(path)
+
+    def unchanged_since(self, token: object) -> bool:
+        """Whether nothing changed in the directory ``token`` was armed for since then."""
+        w = self._watch
+        return w is not None and isinstance(token, WatchToken) and w.unchanged(token)
 
     # ------------------------------------------------------------------------- plumbing
 
