@@ -55,6 +55,25 @@ class ListPage:
     prefixes: list[str]
     next_token: str | None
     skipped: int = 0
+    # Identifies the page's bytes (``checksums.page_digest``; b"": the store gives none). A
+    # page with a digest carries no object metadata (ListObjectsV2 pages have none).
+    digest: bytes = b""
+
+
+class Unchanged:
+    """A page received whose bytes have the digest the caller said it knew
+    (``list_page_if_changed``): not parsed; ``parse()`` parses it (and raises
+    ``BackendError`` if it cannot)."""
+
+    __slots__ = ("_parse", "digest", "nbytes")
+
+    def __init__(self, digest: bytes, nbytes: int, parse: Callable[[], ListPage]) -> None:
+        self.digest = digest
+        self.nbytes = nbytes  # what holding it costs
+        self._parse = parse
+
+    def parse(self) -> ListPage:
+        return self._parse()
 
 
 @dataclass(slots=True)
@@ -76,7 +95,12 @@ RequestObserver = Callable[[str, str, float], None]
 
 class ObjectStore(Protocol):
     """An export's view of one bucket (or directory) under one prefix. Keys passed in and out
-    are full keys; the namespace strips and adds the export prefix."""
+    are full keys; the namespace strips and adds the export prefix.
+
+    Optional, asked for with ``getattr`` (``S3Store`` has it; a ``StoreWrapper`` does not
+    forward it, so a wrapper that answers listings itself is never bypassed):
+    ``list_page_if_changed(prefix, *, delimiter, token, max_keys, known: bytes) -> ListPage |
+    Unchanged``, ``list_page`` that skips the parse when the page's digest is ``known``."""
 
     name: str
 

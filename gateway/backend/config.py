@@ -137,8 +137,8 @@ class S3Config:
         default=True,
         metadata=setting(
             boolean,
-            "GET and HEAD over the lean HTTP/1.1 wire (gateway/backend/http1.py); false: over "
-            "aiohttp, as NFSGW_S3_LEAN_HTTP=0 does",
+            "GET, HEAD and LIST over the lean HTTP/1.1 wire (gateway/backend/http1.py); false: "
+            "over aiohttp, as NFSGW_S3_LEAN_HTTP=0 does",
         ),
     )
     retry: RetryPolicy = field(default_factory=RetryPolicy, metadata=INLINE)

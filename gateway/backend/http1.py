@@ -1,5 +1,5 @@
-"""A lean HTTP/1.1 client for the S3 store's GET and HEAD: one keep-alive connection pool per
-endpoint on ``asyncio.BufferedProtocol``, the reply's body received straight into a buffer
+"""A lean HTTP/1.1 client for the S3 store's GET, HEAD and LIST: one keep-alive connection pool
+per endpoint on ``asyncio.BufferedProtocol``, the reply's body received straight into a buffer
 of its ``Content-Length``.
 
 Owns: ``ReplyReader`` (sans-I/O: the framing of one reply, RFC 9112 §2-§7, written into the
@@ -7,7 +7,7 @@ buffers it hands out), ``Reply``, ``Pool`` (connect, TLS, keep-alive, idle bound
 cancellation) and the errors ``HttpError`` / ``ConnectionClosed`` / ``Unframed``, all
 ``ConnectionError``s, so the store retries them like aiohttp's. Must not: sign, retry, know
 S3 or map statuses to errors (``s3.py`` does those); send request bodies (aiohttp carries
-PUT, POST, DELETE and LIST).
+PUT, POST and DELETE).
 
 Why: aiohttp's request and response machinery was ~60 % of the ~220-280 µs of CPU a 110 kB
 GET cost (``benchmarks/s3_client_cpu.py``); a bare asyncio keep-alive GET costs ~35 µs. The
@@ -20,8 +20,10 @@ of the body that came with the headers (at most ``_HEAD_CHUNK``) are copied.
 Framing rules (RFC 9112 §6.3): a reply to HEAD, a 1xx (skipped, except 101), 204 or 304 has
 no body; ``Transfer-Encoding`` wins over ``Content-Length`` (and the connection closes after);
 chunked bodies and bodies delimited by the close are read (bounded by ``max_unframed_body``)
-only for non-2xx replies, which S3 error documents may be; a 2xx body without a
-``Content-Length`` raises ``Unframed`` (the store then falls back to aiohttp). A connection
+for non-2xx replies, which S3 error documents may be, and for 2xx replies only where the
+caller takes them (``unframed_ok``: LIST, whose pages Amazon S3 sends chunked); otherwise a
+2xx body without a ``Content-Length`` raises ``Unframed`` (the store then falls back to
+aiohttp). A chunked 2xx reply read to its end keeps the connection. A connection
 is reused only after its reply was read to the end, and only if the reply allows it
 (``Connection: close``, HTTP/1.0 without keep-alive, close-delimited bodies, bytes after the
 reply: closed). A connection that failed, timed out or whose request was cancelled is
@@ -134,7 +136,7 @@ class ReplyReader:
 
     ``head_request``: the request was HEAD (no body whatever the headers say).
     ``max_header_bytes`` bounds the status line and headers; ``max_unframed_body`` a chunked
-    or close-delimited (error) body."""
+    or close-delimited body: an error's, or (``unframed_ok``) a 2xx one's."""
 
     __slots__ = (
         "_bpos",
@@ -147,6 +149,7 @@ class ReplyReader:
         "_max_head",
         "_scratch",
         "_state",
+        "_unframed_ok",
         "body",
         "extra",
         "head_request",
@@ -160,8 +163,10 @@ class ReplyReader:
         *,
         max_header_bytes: int = 64 * 1024,
         max_unframed_body: int = 1 << 20,
+        unframed_ok: bool = False,
     ) -> None:
         self.head_request = head_request
+        self._unframed_ok = unframed_ok
         self._max_head = max_header_bytes
         self._max_body = max_unframed_body
         self._head = bytearray(_HEAD_CHUNK)
@@ -275,14 +280,16 @@ class ReplyReader:
             if te.lower().rpartition(",")[2].strip() != "chunked":
                 raise HttpError(f"unsupported Transfer-Encoding {te[:100]!r}")
             if 200 <= status < 300:
-                raise Unframed(f"HTTP {status} with a chunked body")
-            self.keep_alive = False  # rare (error documents); closing is the simple, safe end
+                if not self._unframed_ok:
+                    raise Unframed(f"HTTP {status} with a chunked body")
+            else:
+                self.keep_alive = False  # rare (error documents); closing is the simple end
             self._state = _CHUNKED
             return self._more(rest) if len(rest) else False
         elif (cl := headers.get("content-length")) is not None:
             length = _content_length(cl)
         else:
-            if 200 <= status < 300:
+            if 200 <= status < 300 and not self._unframed_ok:
                 raise Unframed(f"HTTP {status} without Content-Length")
             self.keep_alive = False
             self._state = _UNTIL_CLOSE
@@ -306,7 +313,7 @@ class ReplyReader:
 
     def _grow(self, data: memoryview) -> None:
         if len(self.body) + len(data) > self._max_body:
-            raise HttpError(f"error body over {self._max_body} bytes")
+            raise HttpError(f"unframed body over {self._max_body} bytes")
         if self.body is _EMPTY:
             self.body = bytearray()
             assert self.reply is not None
@@ -526,12 +533,19 @@ class Pool:
         return len(self._idle)
 
     async def request(
-        self, request: bytes, *, head: bool, timeout_s: float, connect_timeout_s: float
+        self,
+        request: bytes,
+        *,
+        head: bool,
+        timeout_s: float,
+        connect_timeout_s: float,
+        unframed_body: int = 0,
     ) -> Reply:
         """Send ``request`` (a whole HTTP/1.1 request without a body) and read its reply.
         ``timeout_s`` bounds everything (connect included), ``connect_timeout_s`` the
-        connect. Raises ``HttpError`` (``ConnectionClosed``, ``Unframed``), ``OSError``,
-        ``TimeoutError``."""
+        connect. ``unframed_body`` > 0 takes a 2xx body without a Content-Length (chunked or
+        up to the close) of at most that many bytes. Raises ``HttpError``
+        (``ConnectionClosed``, ``Unframed``), ``OSError``, ``TimeoutError``."""
         if self._closed:
             raise ConnectionClosed("pool closed")
         loop = asyncio.get_running_loop()
@@ -544,7 +558,10 @@ class Pool:
             if conn is None:
                 conn = await self._connect(loop, min(connect_timeout_s, timeout_s))
             reader = ReplyReader(
-                head, max_header_bytes=self.max_header_bytes, max_unframed_body=self.max_error_body
+                head,
+                max_header_bytes=self.max_header_bytes,
+                max_unframed_body=max(unframed_body, self.max_error_body),
+                unframed_ok=unframed_body > 0,
             )
             await conn.exchange(request, reader, deadline)
             reusable = not conn.broken

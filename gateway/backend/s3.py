@@ -13,11 +13,17 @@ Why not boto3: measured on the reference machine boto3 costs ~1 ms of CPU per GE
 per 1,000-key LIST page; aiohttp plus this signer costs a fraction of that
 (``benchmarks/s3_client_cpu.py``).
 
-Two wires: GET and HEAD go over ``http1.Pool`` (a lean HTTP/1.1 keep-alive pool, the body
-received into one buffer; ~1.5x less CPU per GET and HEAD than aiohttp, docs/benchmarks.md
-"A lean GET"), everything else over aiohttp. ``lean_http=False``, or ``NFSGW_S3_LEAN_HTTP=0``
-in the environment, keeps GET and HEAD on aiohttp; a 2xx reply without a Content-Length
-switches the store to aiohttp for good (``_lean_off``). Everything above the wire (signing,
+Two wires: GET, HEAD and LIST go over ``http1.Pool`` (a lean HTTP/1.1 keep-alive pool, the
+body received into one buffer; ~1.5x less CPU per GET and HEAD than aiohttp, docs/benchmarks.md
+"A lean GET"), everything else over aiohttp. ``lean_http=False`` (``[s3] lean_http``), or
+``NFSGW_S3_LEAN_HTTP=0`` in the environment, keeps them on aiohttp; a GET or HEAD reply
+with a 2xx body without a Content-Length switches the store to aiohttp for good
+(``_lean_off``); LIST pages may come chunked (Amazon S3 sends them so), bounded by
+``_MAX_LIST_BODY``.
+
+Listings: every page carries its digest (``s3wire.list_reply``); ``list_page_if_changed``
+returns a page whose digest the caller knew ``Unchanged``, unparsed (the namespace's re-list of
+an unchanged directory costs its LIST requests and no parse). Everything above the wire (signing,
 retries, ``_error``, ``_get_result``, checksums, the observer) is shared.
 
 Observer contract: ``observer(op, outcome, seconds)`` is called exactly once per HTTP request
@@ -66,6 +72,7 @@ from gateway.backend.base import (
     ObjectNotFound,
     PreconditionFailed,
     RequestObserver,
+    Unchanged,
 )
 from gateway.backend.checksums import PYTHON_CRCS, Checksum, body_checksum, digest, fast_crcs
 from gateway.backend.config import AddressingStyle, ChecksumPolicy, RetryPolicy
@@ -77,10 +84,10 @@ from gateway.backend.s3wire import (
     complete_multipart_body,
     embedded_error,
     http_date_ns,
+    list_reply,
     metadata_headers,
     parse_content_range,
     parse_error,
-    parse_list,
     parse_unsatisfied_range,
     unquote_etag,
     user_metadata,
@@ -102,6 +109,9 @@ PayloadSigning = Literal["auto", "always", "never"]
 
 _HASH_OFF_LOOP_BYTES: Final = 1 << 20
 _MAX_ERROR_BODY: Final = 1 << 20
+# A LIST page sent chunked (Amazon S3 does): 1,000 keys of up to 1,024 bytes, URL-encoded,
+# with their ETags, dates and owners stay well under it.
+_MAX_LIST_BODY: Final = 16 << 20
 # Retryable statuses: throttling and server-side failures (501 Not Implemented is final).
 _RETRY_STATUS: Final = frozenset({408, 429, 500, 502, 503, 504})
 _RETRY_CODES: Final = frozenset(
@@ -321,12 +331,14 @@ class S3Store:
         expect: frozenset[int] = _S200,
         handle: Callable[[aiohttp.ClientResponse], Awaitable[T]],
         lean: Callable[[Reply], Awaitable[T]] | None = None,
+        unframed_body: int = 0,
     ) -> T:
         """Send one logical request with retries. ``handle`` reads the response (status in
-        ``expect``) and may raise ``_Retry`` (e.g. a short body). With ``lean`` (GET and
-        HEAD without a body) the request goes over the lean wire (``http1.Pool``) when it is
-        on, and ``lean`` reads its reply: the same checks on the same values, only the wire
-        differs."""
+        ``expect``) and may raise ``_Retry`` (e.g. a short body). With ``lean`` (GET, HEAD
+        and LIST: no request body) the request goes over the lean wire (``http1.Pool``) when
+        it is on, and ``lean`` reads its reply: the same checks on the same values, only the
+        wire differs. ``unframed_body``: the lean wire takes a 2xx body without a length
+        (chunked) up to that size (LIST), instead of refusing it (``Unframed``)."""
         session = await self._setup()
         signer = self._signer
         assert signer is not None
@@ -361,6 +373,7 @@ class S3Store:
                             head=method == "HEAD",
                             timeout_s=max(min(remaining, policy.request_timeout_s), 0.001),
                             connect_timeout_s=policy.connect_timeout_s,
+                            unframed_body=unframed_body,
                         )
                         if reply.status not in expect:
                             raise self._error(
@@ -517,6 +530,32 @@ class S3Store:
         start_after: str | None = None,
         max_keys: int = 1000,
     ) -> ListPage:
+        page = await self._list(prefix, delimiter, token, start_after, max_keys, b"")
+        assert isinstance(page, ListPage)
+        return page
+
+    async def list_page_if_changed(
+        self,
+        prefix: str,
+        *,
+        delimiter: str | None = "/",
+        token: str | None = None,
+        max_keys: int = 1000,
+        known: bytes,
+    ) -> ListPage | Unchanged:
+        """``list_page``, but a page whose bytes have the digest ``known`` (the same page of
+        the previous listing) comes back ``Unchanged``, not parsed (``s3wire.list_reply``)."""
+        return await self._list(prefix, delimiter, token, None, max_keys, known)
+
+    async def _list(
+        self,
+        prefix: str,
+        delimiter: str | None,
+        token: str | None,
+        start_after: str | None,
+        max_keys: int,
+        known: bytes,
+    ) -> ListPage | Unchanged:
         params = [("list-type", "2"), ("encoding-type", "url"), ("max-keys", str(max_keys))]
         if prefix:
             params.append(("prefix", prefix))
@@ -527,8 +566,11 @@ class S3Store:
         if start_after:
             params.append(("start-after", start_after))
 
-        async def handle(resp: aiohttp.ClientResponse) -> ListPage:
-            return parse_list(await resp.read())
+        async def handle(resp: aiohttp.ClientResponse) -> ListPage | Unchanged:
+            return list_reply(await resp.read(), known)
+
+        async def lean(reply: Reply) -> ListPage | Unchanged:
+            return list_reply(reply.body, known)
 
         return await self._call(
             "list",
@@ -537,6 +579,8 @@ class S3Store:
             bucket_level=True,
             query=canonical_query(params),
             handle=handle,
+            lean=lean,
+            unframed_body=_MAX_LIST_BODY,
         )
 
     async def head(self, key: str) -> ObjectInfo:

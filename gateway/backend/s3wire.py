@@ -16,6 +16,11 @@ unchanged 1,281-entry directory on SeaweedFS 2.0-2.9 ms of gateway CPU in all, o
 parse is ~0.6, the HTTP client 0.8-1.5 and the namespace's comparison ~0.6
 (``benchmarks/list_parse.py``, docs/benchmarks.md "Listings in C").
 
+``list_reply`` is what a LIST reply becomes: the parsed page with its digest, or, for a page
+whose digest the caller knew (the same page of the previous listing of that directory), an
+``Unchanged`` page that is not parsed (``gateway.namespace.listing``: a re-list of an
+unchanged directory parses and compares nothing).
+
 Body checksums (which one a GET reply carries, computing it) are ``checksums.py``'s.
 """
 
@@ -36,7 +41,8 @@ from typing import Final
 from urllib.parse import unquote_to_bytes
 from xml.sax.saxutils import escape as xml_escape
 
-from gateway.backend.base import ListPage, ObjectInfo
+from gateway.backend.base import BackendError, ListPage, ObjectInfo, Unchanged
+from gateway.backend.checksums import page_digest
 
 _META_PREFIX: Final = "x-amz-meta-"
 
@@ -49,7 +55,7 @@ class MalformedReply(Exception):
 # ------------------------------------------------------------------------ XML bodies
 
 
-def xml_root(body: bytes) -> ET.Element:
+def xml_root(body: bytes | bytearray) -> ET.Element:
     try:
         return ET.fromstring(body)
     except ET.ParseError as e:
@@ -126,7 +132,7 @@ def compiled() -> ModuleType | None:
 _C_FIELDS: Final = ("key", "size", "etag", "mtime_ns")
 
 
-def parse_list(body: bytes) -> ListPage:
+def parse_list(body: bytes | bytearray) -> ListPage:
     """One ListObjectsV2 result (``encoding-type=url`` honoured; keys that are not UTF-8
     are counted in ``skipped``): the compiled twin's, else ``parse_list_reference``'s."""
     c = compiled()
@@ -141,7 +147,29 @@ def parse_list(body: bytes) -> ListPage:
     return ListPage(objects, prefixes, next_token, skipped)
 
 
-def parse_list_reference(body: bytes) -> ListPage:
+def list_reply(body: bytes | bytearray, known: bytes = b"") -> ListPage | Unchanged:
+    """A ListObjectsV2 reply body: ``Unchanged`` (the body kept, not parsed) when its
+    ``page_digest`` is ``known``, else ``parse_list``'s page with its digest. An unchanged page
+    parses later as its twin did (``Unchanged.parse``; should it not, ``BackendError``: the
+    request is over, nothing to retry)."""
+    digest = page_digest(body)
+    if known and digest == known:
+
+        def parse() -> ListPage:
+            try:
+                page = parse_list(body)
+            except (MalformedReply, UnicodeDecodeError, ValueError) as e:
+                raise BackendError(f"a listing page held unparsed: {e}") from e
+            page.digest = digest
+            return page
+
+        return Unchanged(digest, len(body), parse)
+    page = parse_list(body)
+    page.digest = digest
+    return page
+
+
+def parse_list_reference(body: bytes | bytearray) -> ListPage:
     """``parse_list`` with ElementTree: the reference the C twin is tested against, and what
     parses the pages the C does not understand. One pass over the children of the root and
     of each ``Contents`` (ElementTree's C parser)."""

@@ -41,7 +41,7 @@ from gateway.errors import BadCookie
 from gateway.namespace.columns import KIND_DIR, KIND_FILE, Columns, DirEntry, fold
 from gateway.namespace.cookies import FIRST_COOKIE, Cookies
 from gateway.namespace.entries import DIR_OVERHEAD, ENTRY_BYTES, DirPage, Entry, EntryKind
-from gateway.namespace.listing import Listing
+from gateway.namespace.listing import Listing, PageDigests
 from gateway.namespace.paths import join_path
 
 Fresh = Literal["fresh", "stale", "expired", "none"]
@@ -86,6 +86,7 @@ class Directory:
         "last_seen",
         "listed_at",
         "listing",
+        "pages",
         "partial",
         "path",
         "probes",
@@ -113,6 +114,9 @@ class Directory:
         self.partial = False  # the view stops at last_seen (max_list_pages)
         self.last_seen = b""
         self.listing: Listing | None = None
+        # The pages of the listing ``cols`` came from (a re-list skips the same ones); dropped
+        # whenever ``cols`` changes otherwise.
+        self.pages: PageDigests | None = None
         self.cookies: Cookies | None = None  # made on the first READDIR
         self.gen = 0
         self.verf = b"\0" * 8
@@ -273,6 +277,7 @@ class Directory:
         self.cols = new
         if new is not old:
             self.recent.clear()
+            self.pages = None
         if self.cookies is not None and new is not old:
             self.cookies.column(new, old)
 
@@ -283,6 +288,8 @@ class Directory:
             n += self.cols.nbytes
         if self.cookies is not None:
             n += self.cookies.nbytes()
+        if self.pages is not None:
+            n += self.pages.nbytes
         delta = n - self.bytes
         self.bytes = n
         return delta
@@ -315,6 +322,9 @@ class Directory:
                 c = cookies.cookie(old_cols, old_cols.find(name), name)
                 cookies.remove(c, name, now.__contains__)
         self._set_cols(cols)
+        # cols is what these pages make (and a re-list of the same pages keeps): ListObjectsV2
+        # pages carry no metadata, a partial listing is not kept.
+        self.pages = None if partial or listed_meta else lst.record()
         self.recent.clear()
         self.extra = {}
         self.adds = self.removes = self.unfolded = 0

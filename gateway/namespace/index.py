@@ -470,7 +470,7 @@ class Namespace:
         """The directory's listing in flight, started if there is none (single-flight)."""
         if d.listing is not None:
             return d.listing
-        lst = Listing(self.clock.monotonic(), d.cols)
+        lst = Listing(self.clock.monotonic(), d.cols, d.pages)
         d.listing = lst
         if lst.relist:
             self.stats.relists += 1
@@ -485,6 +485,10 @@ class Namespace:
         def on_page(page: ListPage) -> None:
             self._ingest(d, lst, page)
 
+        def on_received() -> None:
+            self.stats.list_pages += 1
+            lst.wake()
+
         try:
             partial = await lst.run(
                 self.store,
@@ -492,6 +496,7 @@ class Namespace:
                 page_keys=cfg.list_page_keys,
                 max_pages=cfg.max_list_pages,
                 on_page=on_page,
+                on_received=on_received,
             )
         except BaseException as exc:
             lst.wake()
@@ -503,11 +508,12 @@ class Namespace:
                 d.retry_at = self.clock.monotonic() + cfg.retry_after_error_s
                 log.warning("dir_listing_failed", dir=d.path, error=repr(exc), relist=lst.relist)
             raise
+        if lst.unchanged:  # its pages were not parsed: what they skipped, as the last time
+            self.stats.skipped_keys += lst.skipped
         self._install(d, lst, partial)
         lst.wake()
 
     def _ingest(self, d: Directory, lst: Listing, page: ListPage) -> None:
-        self.stats.list_pages += 1
         added, nbytes, skipped = lst.ingest(page, d.key_prefix, d.path)
         self.stats.skipped_keys += skipped
         self._account(nbytes, added)

@@ -22,6 +22,17 @@ is ``Namespace``; the view and what a re-list keeps of it: ``Directory``) or HEA
   columns as they arrive, a run of rows at a time (``Columns.same_files``: no object per
   entry); new columns are built only from the first difference on, starting from the rows
   found unchanged. An unchanged directory keeps its columns (the same objects).
+- **An unchanged page is not even parsed** (``PageDigests``): the listing that made the
+  view's columns left the digest of each of its pages (``ListPage.digest``; a few bytes and
+  the continuation token a page); a re-list asks the store for each page "unless its digest is
+  still this" (``list_page_if_changed``, when the store has it) and holds the pages that
+  come back ``Unchanged``, unparsed. The entries' names, sizes, ETags and times are in the
+  page's bytes, so when every page is the same as before, in the same order and number, the
+  directory is the same: nothing is parsed, compared or built. At the first page that differs
+  (or when the held pages pass ``HELD_MAX_BYTES``) the held pages are parsed and the re-list
+  goes on as above, from the first page: what it finds is what the comparison alone finds.
+  Held pages do not advance the listing's ``last_seen`` (lookups meanwhile are answered by
+  the view, as for any re-list in the background).
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from operator import attrgetter
 
-from gateway.backend.base import BackendError, ListPage, ObjectInfo, ObjectStore
+from gateway.backend.base import BackendError, ListPage, ObjectInfo, ObjectStore, Unchanged
 from gateway.errors import NotFound, from_backend
 from gateway.namespace.columns import KIND_DIR, KIND_FILE, Columns, DirEntry
 from gateway.namespace.entries import (
@@ -49,6 +60,50 @@ _META = attrgetter("metadata")
 _SIZE = attrgetter("size")
 _MTIME = attrgetter("mtime_ns")
 _ETAG = attrgetter("etag")
+
+# Bytes of pages a re-list holds unparsed (``PageDigests``): past it, they are parsed and the
+# re-list compares its pages as they come (~30 pages of 1,000 keys in SeaweedFS's form).
+HELD_MAX_BYTES = 8 << 20
+
+
+class PageDigests:
+    """What a complete listing leaves for the next one of the same directory, whose columns
+    it made: each page's digest (all of one length, one after another) and next token, and
+    what the listing as a whole found (``last_seen``, a marker, keys skipped)."""
+
+    __slots__ = ("digests", "last_seen", "marker_seen", "size", "skipped", "tokens")
+
+    def __init__(
+        self,
+        digests: bytes,
+        size: int,
+        tokens: tuple[str | None, ...],
+        last_seen: bytes,
+        marker_seen: bool,
+        skipped: int,
+    ) -> None:
+        self.digests = digests
+        self.size = size
+        self.tokens = tokens
+        self.last_seen = last_seen
+        self.marker_seen = marker_seen
+        self.skipped = skipped
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def digest(self, i: int) -> bytes:
+        return self.digests[i * self.size : (i + 1) * self.size]
+
+    @property
+    def nbytes(self) -> int:
+        """Roughly what it costs (in the index budget)."""
+        return (
+            120
+            + len(self.digests)
+            + len(self.last_seen)
+            + sum(50 + len(t) for t in self.tokens if t is not None)
+        )
 
 
 class Builder:
@@ -201,7 +256,11 @@ class Listing:
         "base",
         "builder",
         "bytes",
+        "digests",
+        "held",
+        "held_bytes",
         "invalid",
+        "known",
         "last_seen",
         "marker_seen",
         "matched",
@@ -213,13 +272,27 @@ class Listing:
         "pos",
         "relist",
         "shadowed",
+        "skipped",
         "started_at",
         "t0",
         "task",
+        "tokens",
+        "unchanged",
     )
 
-    def __init__(self, started_at: float, base: Columns | None) -> None:
+    def __init__(
+        self, started_at: float, base: Columns | None, known: PageDigests | None = None
+    ) -> None:
         self.base = base
+        # The pages of the listing that made ``base`` (None: parse every page), the pages held
+        # unparsed while they are the same, whether every page was (then ``base`` stands).
+        self.known = known if base is not None else None
+        self.held: list[Unchanged] = []
+        self.held_bytes = 0
+        self.unchanged = False
+        self.digests: list[bytes] = []  # this listing's pages, for the next (``record``)
+        self.tokens: list[str | None] = []
+        self.skipped = 0
         self.builder: Builder | None = Builder() if base is None else None
         self.pos = 0  # rows of base matched, in order (while ``matched`` is None)
         self.matched: bytearray | None = None
@@ -273,24 +346,91 @@ class Listing:
         page_keys: int,
         max_pages: int,
         on_page: Callable[[ListPage], None],
+        on_received: Callable[[], None],
     ) -> bool:
-        """Page through the directory ``key_prefix``, handing each page to ``on_page``; True
-        if it stopped after ``max_pages`` pages with more to come (partial)."""
+        """Page through the directory ``key_prefix``: ``on_received`` for each page received,
+        ``on_page`` for each page to ingest (a page held unparsed, the same as before, only
+        later and if a page differs: ``flush``); True if it stopped after ``max_pages``
+        pages with more to come (partial)."""
         token: str | None = None
+        known = self.known
+        if_changed = None if known is None else getattr(store, "list_page_if_changed", None)
         while True:
+            i = self.pages
             try:
-                page = await store.list_page(
-                    key_prefix, delimiter="/", token=token, max_keys=page_keys
-                )
+                if if_changed is not None and known is not None and i < len(known):
+                    got: ListPage | Unchanged = await if_changed(
+                        key_prefix,
+                        delimiter="/",
+                        token=token,
+                        max_keys=page_keys,
+                        known=known.digest(i),
+                    )
+                else:
+                    got = await store.list_page(
+                        key_prefix, delimiter="/", token=token, max_keys=page_keys
+                    )
+                self.pages += 1
+                if isinstance(got, Unchanged):
+                    assert known is not None
+                    self.held.append(got)
+                    self.held_bytes += got.nbytes
+                    self.digests.append(got.digest)
+                    next_token = known.tokens[i]
+                    self.tokens.append(next_token)
+                    on_received()
+                    if self.held_bytes > HELD_MAX_BYTES:
+                        if_changed = None
+                        self.flush(on_page)
+                else:
+                    if_changed = None  # a page differs: parse and compare from here on
+                    self.flush(on_page)
+                    self.digests.append(got.digest)
+                    next_token = got.next_token
+                    self.tokens.append(next_token)
+                    on_received()
+                    on_page(got)
             except BackendError as exc:
                 raise from_backend(exc, NotFound) from exc
-            self.pages += 1
-            on_page(page)
-            if page.next_token is None:
-                return False
+            if next_token is None:
+                break
             if self.pages >= max_pages:
+                self.flush(on_page)
                 return True
-            token = page.next_token
+            token = next_token
+        if self.held:
+            if known is not None and len(self.held) == len(known) == self.pages:
+                self.unchanged = True  # every page as before: so is the directory
+                self.held = []
+                self.last_seen = known.last_seen
+                self.marker_seen = known.marker_seen
+                self.skipped = known.skipped
+            else:
+                self.flush(on_page)
+        return False
+
+    def flush(self, on_page: Callable[[ListPage], None]) -> None:
+        """Parse the pages held so far and hand them to ``on_page`` (``ingest``), in order."""
+        held, self.held = self.held, []
+        self.held_bytes = 0
+        self.known = None
+        for u in held:
+            on_page(u.parse())
+
+    def record(self) -> PageDigests | None:
+        """What this (complete, not partial) listing leaves for the next one; None if a page
+        came without a digest."""
+        digests = self.digests
+        if not digests or not digests[0] or len(set(map(len, digests))) != 1:
+            return None
+        return PageDigests(
+            b"".join(digests),
+            len(digests[0]),
+            tuple(self.tokens),
+            self.last_seen,
+            self.marker_seen,
+            self.skipped,
+        )
 
     def get(self, name: str, path: str, dir_entry: DirEntry) -> Entry | None:
         """``name`` as this listing has it so far (the caller checks ``reached`` and
@@ -311,6 +451,7 @@ class Listing:
         skipped = self._ingest(page, key_prefix, dir_path)
         if skipped:
             self.marker_seen = True  # unpathable keys still prove the directory exists
+            self.skipped += skipped
         return self.count() - entries, self.bytes - nbytes, skipped
 
     def _ingest(self, page: ListPage, kp: str, dir_path: str) -> int:
@@ -419,7 +560,7 @@ class Listing:
         base = self.base
         if self.builder is None:
             assert base is not None
-            if (self.pos if self.matched is None else self.nmatched) == base.n:
+            if self.unchanged or (self.pos if self.matched is None else self.nmatched) == base.n:
                 return base, {}
             self._diverge(dir_path)  # rows gone
         b = self.builder

@@ -451,3 +451,96 @@ def test_the_pool_under_uvloop() -> None:
             assert len(accepted) == 1
 
     uvloop.run(run())
+
+
+# ------------------------------------------------------------- chunked 2xx bodies (LIST)
+
+LIST_XML = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="http://s3.amazonaws.com/'
+    b'doc/2006-03-01/"><Name>bucket</Name><Prefix>d%2F</Prefix><KeyCount>2</KeyCount>'
+    b"<MaxKeys>1000</MaxKeys><Delimiter>%2F</Delimiter><EncodingType>url</EncodingType>"
+    b"<IsTruncated>false</IsTruncated><Contents><Key>d%2Fa.jpg</Key><LastModified>"
+    b"2026-11-27T01:00:00.000Z</LastModified><ETag>&quot;0123&quot;</ETag><Size>5</Size>"
+    b"</Contents><CommonPrefixes><Prefix>d%2Fsub%2F</Prefix></CommonPrefixes>"
+    b"</ListBucketResult>"
+)
+
+
+def chunked(status: bytes, body: bytes, sizes: tuple[int, ...] = (100, 7, 1000)) -> bytes:
+    """A reply with ``body`` in chunks of ``sizes`` (cycled), a trailer and the last chunk."""
+    out = [b"HTTP/1.1 " + status + b"\r\nContent-Type: application/xml\r\n"]
+    out.append(b"Transfer-Encoding: chunked\r\n\r\n")
+    pos = i = 0
+    while pos < len(body):
+        n = sizes[i % len(sizes)]
+        piece = body[pos : pos + n]
+        out.append(b"%x;x=y\r\n%s\r\n" % (len(piece), piece))
+        pos += n
+        i += 1
+    out.append(b"0\r\nX-Trailer: t\r\n\r\n")
+    return b"".join(out)
+
+
+def test_chunked_2xx_is_read_when_asked_at_every_split() -> None:
+    data = chunked(b"200 OK", LIST_XML[:300], (37, 1, 100))
+    splits: list[list[int] | None] = [None, list(range(1, len(data)))]
+    splits += [[i] for i in range(1, len(data))]
+    for cuts in splits:
+        r = ReplyReader(unframed_ok=True)
+        assert feed(r, data, cuts), cuts
+        assert r.reply is not None and r.reply.status == 200
+        assert bytes(r.reply.body) == LIST_XML[:300]
+        assert r.keep_alive and not r.extra  # read to its end: the connection is reusable
+    with pytest.raises(Unframed):  # not asked: refused, as before
+        feed(ReplyReader(), data)
+
+
+def test_chunked_2xx_is_bounded() -> None:
+    r = ReplyReader(unframed_ok=True, max_unframed_body=100)
+    with pytest.raises(HttpError, match="over 100"):
+        feed(r, chunked(b"200 OK", b"a" * 101))
+
+
+def test_close_delimited_2xx_when_asked() -> None:
+    r = ReplyReader(unframed_ok=True)
+    assert not feed(r, b"HTTP/1.1 200 OK\r\n\r\n" + LIST_XML)
+    assert r.eof() and r.reply is not None and bytes(r.reply.body) == LIST_XML
+    assert not r.keep_alive
+
+
+async def test_store_lists_chunked_pages_over_the_lean_wire() -> None:
+    """Amazon S3 sends LIST pages chunked: the lean wire reads them (and keeps the connection),
+    the store does not fall back to aiohttp, and GETs stay lean."""
+    from gateway.backend.s3 import S3Store
+
+    get_reply = b'HTTP/1.1 200 OK\r\nETag: "e"\r\nContent-Length: 5\r\n\r\nhello'
+    seen: list[bytes] = []
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            head = await r.readuntil(b"\r\n\r\n")
+            seen.append(head.split(b" ", 2)[1])
+            w.write(chunked(b"200 OK", LIST_XML) if b"list-type=2" in head else get_reply)
+            await w.drain()
+
+    async with server(handler) as (pool, accepted):
+        store = S3Store(
+            "bucket",
+            endpoint_url=f"http://127.0.0.1:{pool.port}",
+            region="us-east-1",
+            access_key="AK",
+            secret_key="SK",
+            lean_http=True,
+        )
+        try:
+            for _ in range(2):
+                page = await store.list_page("d/")
+                assert [o.key for o in page.objects] == ["d/a.jpg"]
+                assert page.prefixes == ["d/sub/"] and page.next_token is None
+                assert page.digest  # what a re-list compares
+            assert (await store.get("k")).data == b"hello"
+            assert store._pool is not None and store._pool.connects == 1
+        finally:
+            await store.close()
+        assert len(accepted) == 1  # the lean wire, one kept-alive connection for all three
+        assert seen[0].startswith(b"/bucket?") and seen[2] == b"/bucket/k"

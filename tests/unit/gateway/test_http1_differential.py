@@ -1,4 +1,4 @@
-"""S3Store's lean GET/HEAD wire (``lean_http=True``, gateway/backend/http1.py) against its
+"""S3Store's lean GET/HEAD/LIST wire (``lean_http=True``, gateway/backend/http1.py) against its
 aiohttp wire (``lean_http=False``) on the test SeaweedFS: the same results and the same
 errors for whole objects, ranges, If-Match hits and misses, missing keys, 0-byte objects,
 odd keys and several MiB; and the lean wire through ``tests.faultproxy`` (resets, truncated
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.backend.base import BackendError, GetResult, ObjectInfo
+from gateway.backend.base import BackendError, GetResult, ListPage, ObjectInfo, Unchanged
 from gateway.backend.config import RetryPolicy
 from gateway.backend.s3 import S3Store
 from loadgen.seaweed import SeaweedServer
@@ -169,3 +169,96 @@ async def test_stall_respects_the_deadline(faulty: tuple[S3Store, FaultProxy]) -
     assert loop.time() - t0 < 3.0
     pool = store._pool
     assert pool is not None and pool.open_connections == 0
+
+
+# ------------------------------------------------------------------------------- LIST
+
+
+async def test_lean_and_aiohttp_list_the_same(pair: tuple[S3Store, S3Store]) -> None:
+    """LIST over the lean wire: the same pages (and digests: the same bytes) as over aiohttp,
+    for odd keys, small pages with tokens, markers and a missing prefix."""
+    lean, slow = pair
+    for prefix, max_keys in (("", 1000), ("", 2), ("dir/", 1000), ("ünïcödé/", 1), ("no/", 5)):
+        pages = []
+        for store in (lean, slow):
+            got, token = [], None
+            while True:
+                page = await store.list_page(prefix, token=token, max_keys=max_keys)
+                got.append(page)
+                if (token := page.next_token) is None:
+                    break
+            pages.append(got)
+        assert pages[0] == pages[1], prefix
+        assert all(p.digest for p in pages[0])
+    pool = lean._pool
+    assert pool is not None and pool.connects == 1
+
+
+async def test_list_page_if_changed(pair: tuple[S3Store, S3Store]) -> None:
+    lean, _ = pair
+    first = await lean.list_page("dir/")
+    same = await lean.list_page_if_changed("dir/", known=first.digest)
+    assert isinstance(same, Unchanged) and same.digest == first.digest
+    assert same.parse() == first  # held, it parses to what it was
+    await lean.put("dir/file2", b"new")
+    changed = await lean.list_page_if_changed("dir/", known=first.digest)
+    assert isinstance(changed, ListPage) and changed.digest != first.digest
+    assert [o.key for o in changed.objects] == ["dir/", "dir/file", "dir/file2"]
+
+
+@pytest.mark.parametrize("fault", ["reset", "reset-body", "truncate", "long-cl", "500", "503"])
+async def test_list_faults_are_retried(faulty: tuple[S3Store, FaultProxy], fault: str) -> None:
+    store, proxy = faulty
+    want = await store.list_page("")
+    proxy.add(Rule(fault, kinds={"LIST"}, times=1))
+    assert await store.list_page("") == want
+    assert proxy.faults() == 1
+    assert store._pool is not None  # still on the lean wire
+
+
+async def test_relist_of_an_unchanged_directory_on_seaweedfs(
+    seaweed: SeaweedServer, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the namespace: a re-list of an unchanged 2,100-file directory (three pages)
+    sends its LISTs and parses none of them; one ETag changed on the last page is seen."""
+    from gateway.backend import s3wire
+    from gateway.clock import FakeClock
+    from gateway.namespace import Namespace, NamespaceConfig
+
+    store = S3Store(s3_bucket, **seaweed.store_kwargs())
+    sem = asyncio.Semaphore(32)
+
+    async def put(j: int, data: bytes) -> None:
+        async with sem:
+            await store.put(f"ds/d/f{j:05d}.jpg", data)
+
+    await asyncio.gather(*(put(j, b"%d" % j) for j in range(2100)))
+    parses = [0]
+    original = s3wire.parse_list
+
+    def counting(body: bytes | bytearray) -> ListPage:
+        parses[0] += 1
+        return original(body)
+
+    monkeypatch.setattr(s3wire, "parse_list", counting)
+    clock = FakeClock()
+    ns = Namespace(store, "ds/", clock=clock, config=NamespaceConfig(age_ttl_factor=0.0))
+    try:
+        first = await ns.lookup("d", "f02099.jpg")
+        await ns.quiesce()
+        assert parses[0] == 3
+        cols = ns._dirs["d"].cols
+        clock.advance(100_000.0)
+        await ns.lookup("d", "f00000.jpg")
+        await ns.quiesce()
+        assert parses[0] == 3 and ns.stats.list_pages == 6 and ns._dirs["d"].cols is cols
+        await put(2099, b"changed")
+        clock.advance(100_000.0)
+        await ns.lookup("d", "f00000.jpg")
+        await ns.quiesce()
+        assert parses[0] == 6
+        e = await ns.lookup("d", "f02099.jpg")
+        assert e.size == len(b"changed") and e.etag != first.etag
+    finally:
+        await ns.close()
+        await store.close()
