@@ -13,9 +13,18 @@ through ``gateway.namespace`` (issue 25).
    counted, ours is: ``time.process_time``, all threads): a ``Namespace`` over ``S3Store``
    lists it once, then the fake clock passes the TTL, one LOOKUP starts the re-list and
    ``quiesce`` waits for it; best and median CPU of ``--repeat`` re-lists, with the C parser
-   and with ``NFSGW_PURE_PYTHON``'s reference. Split: the two ``S3Store.list_page`` calls
-   alone (HTTP client + signing + parse), the parse of the same two bodies alone, and the
-   same re-list over a store that replays the parsed pages (the namespace's part, no HTTP).
+   and with ``NFSGW_PURE_PYTHON``'s reference, three ways in the same run:
+
+   - ``now``: LIST over the lean wire (``http1.Pool``), pages whose digest is the previous
+     listing's not parsed (``list_page_if_changed``; checked: no page parsed);
+   - ``lean, parsed``: the same wire, every page parsed and compared (the store behind a
+     ``StoreWrapper``, which hides ``list_page_if_changed``);
+   - ``before``: LIST over aiohttp (``lean_http=False``), every page parsed and compared:
+     the mechanism before issue 25's item 3.
+
+   Split: the two ``S3Store.list_page`` calls alone (HTTP client + signing + parse) over each
+   wire, the parse of the same two bodies alone, and the re-list over a store that replays
+   the parsed pages (the namespace's part, no HTTP).
 """
 
 from __future__ import annotations
@@ -39,9 +48,8 @@ import structlog
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.backend import s3 as s3_module  # noqa: E402
-from gateway.backend import s3wire  # noqa: E402
-from gateway.backend.base import ListPage, ObjectInfo, ObjectStore  # noqa: E402
+from gateway.backend import checksums, s3wire  # noqa: E402
+from gateway.backend.base import ListPage, ObjectInfo, ObjectStore, StoreWrapper  # noqa: E402
 from gateway.clock import FakeClock  # noqa: E402
 from gateway.namespace import Namespace, NamespaceConfig  # noqa: E402
 
@@ -65,6 +73,7 @@ def pure_python(on: bool) -> Iterator[None]:
     old = os.environ.get("NFSGW_PURE_PYTHON")
     os.environ["NFSGW_PURE_PYTHON"] = "1" if on else "0"
     s3wire.compiled.cache_clear()
+    checksums.compiled.cache_clear()
     try:
         yield
     finally:
@@ -73,6 +82,7 @@ def pure_python(on: bool) -> Iterator[None]:
         else:
             os.environ["NFSGW_PURE_PYTHON"] = old
         s3wire.compiled.cache_clear()
+        checksums.compiled.cache_clear()
 
 
 def seaweed_page(n: int) -> bytes:
@@ -160,16 +170,39 @@ class Replay:
         return None
 
 
+class ParseCount:
+    """Counts ``s3wire.parse_list`` calls (what a re-list parsed)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.original = s3wire.parse_list
+
+    def __enter__(self) -> ParseCount:
+        def counting(body: bytes | bytearray) -> ListPage:
+            self.n += 1
+            return self.original(body)
+
+        setattr(s3wire, "parse_list", counting)  # noqa: B010 - benchmark instrumentation
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        setattr(s3wire, "parse_list", self.original)  # noqa: B010
+
+
 async def relist_cpu(
-    store: ObjectStore, repeat: int, prefix: str, name: str
+    store: ObjectStore, repeat: int, prefix: str, name: str, *, parses: int | None = None
 ) -> tuple[float, float, int]:
-    """(best, median) CPU seconds of a re-list of ``prefix`` + DIR, and LIST pages per re-list."""
+    """(best, median) CPU seconds of a re-list of ``prefix`` + DIR, and LIST pages per re-list;
+    ``parses``: how many pages the re-lists must have parsed in all (checked)."""
     clock = FakeClock()
     ns = Namespace(store, prefix, clock=clock, config=NamespaceConfig())
     await ns.lookup(DIR, name)
     await ns.quiesce()
     samples = []
     pages0, relists0 = ns.stats.list_pages, ns.stats.relists
+    counter = ParseCount() if parses is not None else None
+    if counter is not None:
+        counter.__enter__()
     for _ in range(repeat):
         clock.advance(100_000.0)
         with gc_paused():
@@ -177,6 +210,9 @@ async def relist_cpu(
             await ns.lookup(DIR, name)  # stale: answered, starts the re-list
             await ns.quiesce()
             samples.append(time.process_time() - t0)
+    if counter is not None:
+        counter.__exit__()
+        assert counter.n == parses, (counter.n, parses)
     relists = ns.stats.relists - relists0
     assert relists == repeat, (relists, repeat)
     per = (ns.stats.list_pages - pages0) // relists
@@ -203,58 +239,66 @@ async def relist_costs(files: int, repeat: int) -> None:
     name = keys[5].rsplit("/", 1)[1]
     with SeaweedServer() as sw:
         sw.create_bucket("relist")
-        store = S3Store("relist", **sw.store_kwargs())
+        lean = S3Store("relist", lean_http=True, **sw.store_kwargs())
+        old = S3Store("relist", lean_http=False, **sw.store_kwargs())
         sem = asyncio.Semaphore(32)
 
         async def put(k: str) -> None:
             async with sem:
-                await store.put(k, b"x" * 16)
+                await lean.put(k, b"x" * 16)
 
         await asyncio.gather(*(put(k) for k in keys))
         bodies: dict[str | None, bytes] = {}
         original = s3wire.parse_list
 
-        async def list_dir() -> None:
-            token: str | None = None
-            while True:
-                page = await store.list_page(f"{prefix}{DIR}/", token=token)
-                if (token := page.next_token) is None:
-                    return
+        def list_dir(store: S3Store) -> Callable[[], Awaitable[None]]:
+            async def run() -> None:
+                token: str | None = None
+                while True:
+                    page = await store.list_page(f"{prefix}{DIR}/", token=token)
+                    if (token := page.next_token) is None:
+                        return
 
-        def capturing(body: bytes) -> ListPage:
+            return run
+
+        def capturing(body: bytes | bytearray) -> ListPage:
             page = original(body)
-            bodies[capturing.token] = body  # type: ignore[attr-defined]
+            bodies[capturing.token] = bytes(body)  # type: ignore[attr-defined]
             capturing.token = page.next_token  # type: ignore[attr-defined]
             return page
 
         capturing.token = None  # type: ignore[attr-defined]
-        setattr(s3_module, "parse_list", capturing)  # noqa: B010 - benchmark instrumentation
+        setattr(s3wire, "parse_list", capturing)  # noqa: B010 - benchmark instrumentation
         try:
-            await list_dir()
+            await list_dir(lean)()
         finally:
-            setattr(s3_module, "parse_list", original)  # noqa: B010
+            setattr(s3wire, "parse_list", original)  # noqa: B010
         sizes = ", ".join(f"{len(b):,}" for b in bodies.values())
         print(f"\nre-list of an unchanged {files:,}-entry directory on SeaweedFS")
         print(f"(pages of {sizes} bytes), ms CPU, best / median of {repeat}")
-        rows = []
+        print(
+            f"{'parser':<13}{'mechanism':<15}{'re-list':>9}{'median':>8}{'LISTs':>7}"
+            f"{'2x list_page':>14}{'parse':>8}{'replayed re-list':>18}"
+        )
         for label, pure in (("C (_s3list)", False), ("ElementTree", True)):
             with pure_python(pure):
-                best, med, per = await relist_cpu(cast(ObjectStore, store), repeat, prefix, name)
-                lists = await timed(list_dir, repeat)
                 parse = await timed(_parse_all(bodies), repeat)
                 replay = Replay(bodies)
                 rbest, _, _ = await relist_cpu(cast(ObjectStore, replay), repeat, prefix, name)
-            rows.append((label, best, med, per, lists, parse, rbest))
-        print(
-            f"{'parser':<13}{'re-list':>9}{'median':>8}{'LISTs':>7}{'2x list_page':>14}"
-            f"{'parse':>8}{'replayed re-list':>18}"
-        )
-        for label, best, med, per, lists, parse, rbest in rows:
-            print(
-                f"{label:<13}{best * 1e3:>9.2f}{med * 1e3:>8.2f}{per:>7}{lists * 1e3:>14.2f}"
-                f"{parse * 1e3:>8.2f}{rbest * 1e3:>18.2f}"
-            )
-        await store.close()
+                ways = (
+                    ("now", cast(ObjectStore, lean), 0, lean),
+                    ("lean, parsed", cast(ObjectStore, StoreWrapper(lean)), None, lean),
+                    ("before", cast(ObjectStore, StoreWrapper(old)), None, old),
+                )
+                for way, store, parses, wire in ways:
+                    best, med, per = await relist_cpu(store, repeat, prefix, name, parses=parses)
+                    lists = await timed(list_dir(wire), repeat)
+                    print(
+                        f"{label:<13}{way:<15}{best * 1e3:>9.2f}{med * 1e3:>8.2f}{per:>7}"
+                        f"{lists * 1e3:>14.2f}{parse * 1e3:>8.2f}{rbest * 1e3:>18.2f}"
+                    )
+        await lean.close()
+        await old.close()
 
 
 def _parse_all(bodies: dict[str | None, bytes]) -> Callable[[], Awaitable[object]]:
