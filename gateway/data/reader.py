@@ -403,20 +403,20 @@ class ObjectReader:
         return self._start_fetch(store, key, etag, size, 0, 1, demand=False, ahead=True)[0]
 
     def deposit(
-        self, store_name: str, key: str, etag: str, data: bytes | memoryview
+        self, store_name: str, key: str, etag: str, data: bytes | memoryview, memory: bool = True
     ) -> asyncio.Task[bool] | None:
         """Small object version ``etag`` arrived with another's fetch (a pack's group, ``data``
-        a slice of its buffer, kept as it is: no copy): kept in memory as prefetched data if
-        the cache has room (``DataCache.room_for``), never evicting anything a READ may still
-        want; and published to the disk tier when it is shared by several workers (they read
-        it from there instead of fetching its group again; the memory copy is then swapped for
-        the entry's mapping, as for a fetched object) or when memory had no room for it.
-        Returns the publishing task (None: nothing written). A version being fetched, or one
-        in memory already, is left alone.
+        a slice of its buffer, kept as it is: no copy). Kept in memory as prefetched data if
+        ``memory`` (the memory tier had room for the group) and the cache has room
+        (``DataCache.room_for``), never evicting anything a READ may still want; published to
+        the disk tier when it is shared by several workers (they read it from there instead of
+        fetching its group again; the memory copy is then swapped for the entry's mapping, as
+        for a fetched object) or when it is not kept in memory. Returns the publishing task
+        (None: nothing written). A version being fetched, or in memory already, is left alone.
 
-        One worker with room in memory does not write it to disk: a write costs ~10x the
-        rest of a member's cold path here (``write_entry``: ~0.4-0.9 ms of CPU per 110 kB on
-        this VM's ext4, against ~0.1 ms), and a shuffled epoch reads it from memory anyway."""
+        One worker that keeps it in memory does not write it to disk: a write costs ~4x the
+        rest of a member's cold path in CPU here (``write_entry``: ~0.4 ms per 110 kB on this
+        VM's ext4, against ~0.1 ms), and a shuffled epoch reads it from memory anyway."""
         if not 0 < len(data) <= self._cfg.small_file_max:
             return None
         bkey = (store_name, key, etag, 0)
@@ -426,10 +426,10 @@ class ObjectReader:
         shared = disk is not None and disk.shared
         dkey = disk_key(store_name, key, etag, 0, len(data)) if shared else None
         on_disk = disk is not None and dkey is not None and disk.admit(dkey)
-        kept = self._cache.insert(bkey, data, whole=True, ahead=True, on_disk=on_disk)
+        kept = memory and self._cache.insert(bkey, data, whole=True, ahead=True, on_disk=on_disk)
         if disk is None or (kept and not shared):
             return None
-        if dkey is None:  # one worker, no room in memory: the disk tier keeps it
+        if dkey is None:  # one worker, not kept in memory: the disk tier keeps it
             dkey = disk_key(store_name, key, etag, 0, len(data))
             on_disk = disk.admit(dkey)
         if not on_disk:

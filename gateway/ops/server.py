@@ -448,13 +448,13 @@ class Server:
             stats=stats,
         )
         if reader is not None:
-            # Neighbours go to memory when it has room and to the disk tier (the host's
+            # Neighbours go to memory when it has room, else to the disk tier (the host's
             # cache, shared by the workers): a group is worth fetching when either has room.
             cache, disk = reader.cache, reader.disk
             store.deposit = partial(reader.deposit, store.name)
-            store.room = lambda n: (
-                cache.room_for(n) or (disk is not None and disk.has_room(n + n // 16))
-            )
+            store.room = cache.room_for
+            if disk is not None:
+                store.disk_room = lambda n: disk.has_room(n + n // 16)
             if disk is not None and disk.shared:  # group fetches claimed among the workers
                 store.tier = TierClaims(
                     disk, store.name, lambda: cache.mappings < cache.max_mappings

@@ -28,14 +28,15 @@ requests). Must not: cache or write the disk tier (neighbours go to the data lay
   Groups do not overlap, so no byte is fetched twice; concurrent GETs of members of one group
   share its fetch, and ``covered`` tells the data prefetcher to move on to the next group
   (also while a prefetch of one of its members is on its way here: ``fetching``). When
-  ``room`` says neither the cache nor the disk tier has space for the group (a dataset larger
-  than both), only the member itself is fetched: neighbours evicted unread would multiply the
-  bytes read.
+  ``room`` says the memory tier has no space for the group (a dataset larger than memory),
+  its neighbours go to the disk tier only (``disk_room``: if it has space), so they do not
+  push each other out of memory unread; with space in neither, only the member itself is
+  fetched: neighbours evicted unread would multiply the bytes read.
 - **No copies.** The group is received once, into one ``bytes`` buffer; every member is a
   read-only ``memoryview`` slice of it (``.obj`` is the group's buffer), checked against its
   CRC-32 on the slice, returned (the member asked for) or handed to ``deposit`` (the
   neighbours), which keeps the slice in memory as prefetched data if the cache has room, and
-  publishes it to the disk tier when workers share it or memory had no room. The memory tier
+  publishes it to the disk tier when workers share it or memory has no room. The memory tier
   charges each slice its own length; the group's buffer lives as long as any slice of it
   does (cached, or in a reply being written). That is the simple option, chosen over copying
   out the survivors of a mostly evicted group: with a dataset the cache holds (what groups in
@@ -149,10 +150,11 @@ class PackStats:
     index_bytes: int = 0
 
 
-Deposit = Callable[[str, str, memoryview], "Awaitable[bool] | None"]
-"""(key, etag, verified slice of the group's buffer) of a neighbour, for the data layer to
-keep in memory if it can and to publish to the disk tier; returns the publishing (None when
-nothing is written), which the group's claim waits for."""
+Deposit = Callable[[str, str, memoryview, bool], "Awaitable[bool] | None"]
+"""(key, etag, verified slice of the group's buffer, memory) of a neighbour, for the data
+layer to keep in memory if it can (``memory``: the memory tier had room for the group) and to
+publish to the disk tier; returns the publishing (None when nothing is written), which the
+group's claim waits for."""
 
 
 class SharedTier(Protocol):
@@ -274,7 +276,9 @@ class PackedStore(StoreWrapper):
         """"loading", "ok" or why the pack is not used (``/readyz``)."""
         self.deposit: Deposit | None = None
         self.room: Callable[[int], bool] | None = None
-        """Whether ``n`` bytes of neighbours have somewhere to go (memory or the disk tier)."""
+        """Whether the memory tier has room for ``n`` bytes of neighbours."""
+        self.disk_room: Callable[[int], bool] | None = None
+        """Whether the disk tier has room for ``n`` bytes of neighbours (memory has none)."""
         self.tier: SharedTier | None = None
         """The disk tier when worker processes share it: group fetches are claimed."""
         self._ranges: dict[tuple[int, int], _Group] = {}  # (shard, window) or (shard, -1 - row)
@@ -518,9 +522,10 @@ class PackedStore(StoreWrapper):
         lo, hi = index.data_at[a], index.data_at[b] + index.sizes[b]
         rkey = (shard_no, off // self._cfg.range_bytes)
         g = self._ranges.get(rkey)
+        memory = g is not None or a == b or self.room is None or self.room(hi - lo)
         if (
             a == b
-            or (g is None and self.room is not None and not self.room(hi - lo))
+            or (not memory and (self.disk_room is None or not self.disk_room(hi - lo)))
             or (g is not None and not g.lo <= off < off + size <= g.hi)  # split by a large one
         ):  # alone
             a = b = i
@@ -533,7 +538,7 @@ class PackedStore(StoreWrapper):
                 g.stripes.add(self._stripe(tier, index, i))
             self._ranges[rkey] = g
             try:
-                data = await self._fetch(index, g, a, b, i)
+                data = await self._fetch(index, g, a, b, i, memory)
             except asyncio.CancelledError:
                 g.future.cancel()
                 raise
@@ -558,10 +563,12 @@ class PackedStore(StoreWrapper):
             return None
         return body
 
-    async def _fetch(self, index: PackIndex, g: _Group, a: int, b: int, i: int) -> bytes | None:
+    async def _fetch(
+        self, index: PackIndex, g: _Group, a: int, b: int, i: int, memory: bool = True
+    ) -> bytes | None:
         """Rows [a, b]'s range ``[g.lo, g.hi)`` of their shard, in one buffer, the
-        neighbours deposited; None when another worker fetched it meanwhile and member ``i``
-        is on the shared tier."""
+        neighbours deposited (to the disk tier only unless ``memory``); None when another
+        worker fetched it meanwhile and member ``i`` is on the shared tier."""
         shard = index.shards[index.shard_of[i]]
         tier = self.tier if a != b else None
         fd, look = (-1, False) if tier is None else await self._claim(tier, shard.name, g)
@@ -579,7 +586,7 @@ class PackedStore(StoreWrapper):
             self.stats.ranges += 1
             self.stats.range_bytes += len(data)
             if a != b:
-                writes = self._deposit(index, a, b, g.lo, data, skip=i)
+                writes = self._deposit(index, a, b, g.lo, data, i, memory)
                 window = index.data_at[i] // self._cfg.range_bytes
                 ann = self._announced.get((index.shard_of[i], window))
                 if ann is not None:
@@ -661,7 +668,7 @@ class PackedStore(StoreWrapper):
         return body
 
     def _deposit(
-        self, index: PackIndex, a: int, b: int, lo: int, data: bytes, skip: int
+        self, index: PackIndex, a: int, b: int, lo: int, data: bytes, skip: int, memory: bool
     ) -> list[Awaitable[bool]]:
         """Rows [a, b] but ``skip``, verified, to the data layer (``deposit``), each a slice
         of ``data``; the publishing of those the disk tier takes."""
@@ -677,7 +684,7 @@ class PackedStore(StoreWrapper):
                 continue
             body = view[off - lo : off - lo + size]
             if zlib.crc32(body) == crcs[j]:
-                w = deposit(prefix + index.path(j), index.etag(j), body)
+                w = deposit(prefix + index.path(j), index.etag(j), body, memory)
                 if w is not None:
                     writes.append(w)
                 self.stats.deposited += 1

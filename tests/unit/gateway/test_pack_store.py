@@ -338,6 +338,8 @@ class Worker:
         p = self.packed
         p.deposit = functools.partial(self.reader.deposit, p.name)
         p.room = cache.room_for
+        if disk is not None:
+            p.disk_room = lambda n: disk.has_room(n + n // 16)  # as gateway.ops.server
         if disk is not None and disk.shared:
             p.tier = TierClaims(disk, p.name, lambda: cache.mappings < cache.max_mappings)
 
@@ -485,23 +487,23 @@ async def test_two_workers_reading_one_group_at_once_make_one_get(tmp_path: Path
 
 
 async def test_neighbours_go_to_the_disk_tier_when_memory_has_no_room(tmp_path: Path) -> None:
-    """One worker, a memory tier too small for any member (16 KiB): the group is still
-    fetched (the disk tier takes the neighbours), and its members are then disk hits. (One
-    worker with room in memory keeps them there only: a disk write costs more CPU than the
-    rest of a member's cold path.)"""
+    """One worker, a memory tier without room for a group (256 KiB for 1 MiB): the group is
+    still fetched, its neighbours go to the disk tier only (not into memory, where they would
+    push each other out unread), and its members are then disk hits. (One worker with room in
+    memory keeps them there only: a disk write costs more CPU than the rest of a member's cold
+    path.)"""
     files = group_tree()
     store, members = seeded(files)
     group = groups_of(members)[0]
     disk = await DiskStore.open(tmp_path / "c", DiskConfig(budget=256 * MiB, min_free=0))
     assert disk is not None and not disk.shared
-    w = Worker(store, disk, budget=16 * KiB)
-    cache = w.reader.cache
-    w.packed.room = lambda n: cache.room_for(n) or disk.has_room(n + n // 16)  # as server.py
+    w = Worker(store, disk, budget=256 * KiB)
     await w.packed.load()
     store.reset_counts()
     assert bytes(await w.read(store, group[0])) == files[group[0]]
     await disk.drain()
     assert gets(store, "packs/ds/shard-") == 1 and disk.stats.writes == len(group)
+    assert all(w.cached(store, k) is None for k in group[1:])  # not in memory
     for key in group:
         assert bytes(await w.read(store, key)) == files[key]
     assert gets(store, "packs/ds/shard-") == 1 and gets(store, "ds/") == 0
