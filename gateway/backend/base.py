@@ -89,7 +89,8 @@ class GetResult:
 
 # Called once per backend request: (operation, outcome, seconds). Operations: "list", "head",
 # "get", "put", "create_multipart", "upload_part", "complete_multipart", "abort_multipart",
-# "copy", "delete". Outcomes: "ok", "not_found", "precondition", "error", "retry".
+# "copy", "delete", "attributes" (GetObjectAttributes: a multipart object's parts). Outcomes:
+# "ok", "not_found", "precondition", "error", "retry".
 RequestObserver = Callable[[str, str, float], None]
 
 

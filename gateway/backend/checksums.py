@@ -15,9 +15,10 @@ ENABLED``): CRC32, CRC32C, CRC64NVME (what Amazon S3 stores for every object upl
 without a checksum since December 2024), SHA-1, SHA-256. ``x-amz-checksum-type: FULL_OBJECT``
 (a plain value) is a checksum of the whole body, also for a multipart object.
 ``COMPOSITE`` (``<base64>-<N>``) is the checksum of the N parts' binary checksums, one after
-another: with N = 1 it is the checksum of the body's checksum, verified here; with N > 1 it
-needs the parts' boundaries, which a GET does not carry (docs/reliability.md says what it
-would take), and is not verified.
+another: with N = 1 it is the checksum of the body's checksum; with N > 1 it needs the parts'
+boundaries, which a GET does not carry: ``Checksum.parts``, and the S3 store asks for the
+parts' sizes (GetObjectAttributes ``ObjectParts``, once per object version) and verifies it
+(``Checksum.compute`` with ``part_sizes``).
 
 Cost per 110 kB body (docs/benchmarks.md, "Checksums in C"): the compiled CRCs ~3 µs each
 (VPCLMULQDQ; ~8 µs with PCLMULQDQ, ~56 µs on the portable tables), zlib's CRC32 17-34 µs,
@@ -192,26 +193,45 @@ class Checksum:
     algorithm: str
     expected: bytes
     of_one_part: bool = False
+    parts: int = 0  # a COMPOSITE checksum of this many (> 1) parts: ``compute`` needs sizes
 
-    def compute(self, data: Buffer) -> bytes:
-        """What ``data`` gives, to compare with ``expected``."""
+    def compute(self, data: Buffer, part_sizes: tuple[int, ...] | None = None) -> bytes:
+        """What ``data`` gives, to compare with ``expected``; for a COMPOSITE checksum of
+        ``parts`` parts, the checksum of the parts' checksums, each over its slice of ``data``
+        (``part_sizes``, in part order, must add up to ``len(data)``: ``ValueError``)."""
+        if self.parts > 1:
+            view = memoryview(data).cast("B")
+            if part_sizes is None or len(part_sizes) != self.parts or sum(part_sizes) != len(view):
+                raise ValueError(f"{self.parts} part sizes adding up to {len(view)} needed")
+            pos = 0
+            each = []
+            for n in part_sizes:
+                each.append(digest(self.algorithm, view[pos : pos + n]))
+                pos += n
+            return digest(self.algorithm, b"".join(each))
         got = digest(self.algorithm, data)
         return digest(self.algorithm, got) if self.of_one_part else got
 
 
-def _stored(headers: Mapping[str, str], algorithm: str, composite: bool) -> Checksum | None:
+def _stored(
+    headers: Mapping[str, str], algorithm: str, composite: bool, multipart: bool
+) -> Checksum | None:
     value = headers.get("x-amz-checksum-" + algorithm)
     if not value:
         return None
     value, dash, parts = value.partition("-")
+    n = 0
     if dash and parts != "1":  # a checksum of N part checksums: needs the parts' boundaries
-        return None
+        if not multipart or not parts.isdigit() or not parts.isascii() or int(parts) < 2:
+            return None
+        n = int(parts)
     if composite and not dash:  # COMPOSITE without its part count: nothing to rely on
         return None
     try:
-        return Checksum(algorithm, base64.b64decode(value, validate=True), of_one_part=bool(dash))
+        expected = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         return None
+    return Checksum(algorithm, expected, of_one_part=parts == "1", parts=n)
 
 
 def body_checksum(
@@ -221,6 +241,7 @@ def body_checksum(
     stored: bool,
     md5: bool = False,
     python_crcs: bool = False,
+    multipart: bool = False,
 ) -> Checksum | None:
     """The cheapest checksum a whole-object body can be verified against, or None.
 
@@ -231,14 +252,15 @@ def body_checksum(
     resort, after the MD5 ETag. ``md5``: the ETag, when it is a
     plain MD5 (32 hex digits: a single-part upload; multipart ETags end in ``-<parts>``) and
     the object is not encrypted with SSE-KMS or SSE-C (their ETags are not the MD5 of the
-    data)."""
+    data). ``multipart``: also a COMPOSITE checksum of several parts (``Checksum.parts``; the
+    caller finds the parts' sizes)."""
     composite = headers.get("x-amz-checksum-type", "").upper() == "COMPOSITE"
     fast = fast_crcs()
     if stored:
         for algorithm in (*CRCS, *HASHES):
             if not fast and algorithm in PYTHON_CRCS:
                 continue
-            if (c := _stored(headers, algorithm, composite)) is not None:
+            if (c := _stored(headers, algorithm, composite, multipart)) is not None:
                 return c
     if (
         md5
@@ -249,6 +271,8 @@ def body_checksum(
         return Checksum("md5", bytes.fromhex(etag))
     if python_crcs and not (stored and fast):
         for algorithm in CRCS:
-            if algorithm in PYTHON_CRCS and (c := _stored(headers, algorithm, composite)):
+            if algorithm in PYTHON_CRCS and (
+                c := _stored(headers, algorithm, composite, multipart)
+            ):
                 return c
     return None

@@ -35,7 +35,8 @@ Every byte verified (``ChecksumPolicy``): a GET whose body is the whole object (
 range the server ignored, or a range that covers the object) is checked against the
 cheapest full-object checksum its reply carries and the policy allows
 (``checksums.body_checksum``: a stored CRC64NVME/CRC32C/CRC32/SHA-1/SHA-256, also a COMPOSITE
-one of a one-part upload; optionally a single-part object's MD5 ETag). A mismatch is logged
+one of a multipart upload, whose parts' sizes one GetObjectAttributes request per object
+version tells, ``_object_parts``; optionally a single-part object's MD5 ETag). A mismatch is logged
 and retried like a short body; when the retries run out the GET fails with
 ``ChecksumMismatch`` (NFS3ERR_IO). A body of part of an object has nothing to be checked
 against and is not. Single-request PUTs carry a CRC32
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import hashlib
 import os
@@ -88,6 +90,7 @@ from gateway.backend.s3wire import (
     metadata_headers,
     parse_content_range,
     parse_error,
+    parse_object_parts,
     parse_unsatisfied_range,
     unquote_etag,
     user_metadata,
@@ -121,6 +124,9 @@ _EXPIRED_CODES: Final = frozenset({"ExpiredToken", "ExpiredTokenException", "Tok
 
 _LEAN_ENV: Final = "NFSGW_S3_LEAN_HTTP"
 _OFF: Final = frozenset({"0", "false", "no", "off"})
+
+_PARTS_CACHED: Final = 4096  # object versions whose part sizes are kept (``_object_parts``)
+_Parts = tuple[str, list[tuple[int, int]], int | None]
 
 _S200: Final = frozenset({200})
 _S200_204: Final = frozenset({200, 204})
@@ -230,6 +236,10 @@ class S3Store:
             total=self.retry.request_timeout_s, sock_connect=self.retry.connect_timeout_s
         )
         self._part_sizes: dict[str, dict[int, int]] = {}
+        # (key, ETag) -> the part sizes of a multipart object (None: not to be had), LRU
+        self._parts_of: collections.OrderedDict[tuple[str, str], tuple[int, ...] | None] = (
+            collections.OrderedDict()
+        )
         if lean_http is None:
             lean_http = os.environ.get(_LEAN_ENV, "1").strip().lower() not in _OFF
         self._lean_http = lean_http
@@ -332,13 +342,16 @@ class S3Store:
         handle: Callable[[aiohttp.ClientResponse], Awaitable[T]],
         lean: Callable[[Reply], Awaitable[T]] | None = None,
         unframed_body: int = 0,
+        bounded: bool = True,
     ) -> T:
         """Send one logical request with retries. ``handle`` reads the response (status in
         ``expect``) and may raise ``_Retry`` (e.g. a short body). With ``lean`` (GET, HEAD
         and LIST: no request body) the request goes over the lean wire (``http1.Pool``) when
         it is on, and ``lean`` reads its reply: the same checks on the same values, only the
         wire differs. ``unframed_body``: the lean wire takes a 2xx body without a length
-        (chunked) up to that size (LIST), instead of refusing it (``Unframed``)."""
+        (chunked) up to that size (LIST), instead of refusing it (``Unframed``).
+        ``bounded=False``: not under the in-flight semaphore (a request made while handling
+        another's reply, which holds a place: ``_object_parts``)."""
         session = await self._setup()
         signer = self._signer
         assert signer is not None
@@ -356,7 +369,7 @@ class S3Store:
             sent = False
             t0 = time.perf_counter()
             try:
-                async with self._sem:
+                async with self._sem if bounded else contextlib.nullcontext():
                     creds = await self._creds.get()
                     h: dict[str, str] = {"host": self._host}
                     if headers:
@@ -482,14 +495,16 @@ class S3Store:
             pool.close()
             log.warning("s3_lean_http_disabled", bucket=self.bucket, reason=str(why))
 
-    async def _verify(self, key: str, data: bytes, c: Checksum) -> None:
+    async def _verify(
+        self, key: str, data: bytes, c: Checksum, part_sizes: tuple[int, ...] | None = None
+    ) -> None:
         """Raise ``_BadChecksum`` unless ``data`` hashes to ``c`` (logged: a body of the right
         length with wrong bytes is a store or network fault worth seeing)."""
         slow = c.algorithm in PYTHON_CRCS and not fast_crcs()  # Python, ~60 ns a byte
         if slow or len(data) > _HASH_OFF_LOOP_BYTES:
-            got = await asyncio.to_thread(c.compute, data)
+            got = await asyncio.to_thread(c.compute, data, part_sizes)
         else:
-            got = c.compute(data)
+            got = c.compute(data, part_sizes)
         if got != c.expected:
             log.warning(
                 "s3_checksum_mismatch",
@@ -503,6 +518,65 @@ class S3Store:
             raise _BadChecksum(
                 f"{c.algorithm} of {len(data)} bytes is {got.hex()}, not {c.expected.hex()}"
             )
+
+    async def _object_parts(
+        self, key: str, etag: str, parts: int, size: int
+    ) -> tuple[int, ...] | None:
+        """The sizes of the ``parts`` parts of ``key`` at version ``etag`` (adding up to
+        ``size``), from GetObjectAttributes ``ObjectParts`` (1,000 parts a request); None when
+        the store does not tell them (remembered for the version: not asked again) or the
+        object changed meanwhile. Cached per (key, ETag), ``_PARTS_CACHED`` versions: one
+        request per object version read whole."""
+        cache = self._parts_of
+        ck = (key, etag)
+        if ck in cache:
+            cache.move_to_end(ck)
+            return cache[ck]
+        got: list[tuple[int, int]] = []
+        marker: int | None = 0
+        try:
+            while marker is not None and len(got) < parts:
+                headers = {
+                    "x-amz-object-attributes": "ETag,ObjectParts",
+                    "x-amz-max-parts": str(min(parts, 1000)),
+                }
+                if marker:
+                    headers["x-amz-part-number-marker"] = str(marker)
+
+                async def handle(resp: aiohttp.ClientResponse) -> _Parts:
+                    return parse_object_parts(await resp.read())
+
+                async def lean(reply: Reply) -> _Parts:
+                    return parse_object_parts(reply.body)
+
+                their_etag, page, marker = await self._call(
+                    "attributes",
+                    "GET",
+                    key,
+                    query="attributes=",
+                    headers=headers,
+                    handle=handle,
+                    lean=lean,
+                    bounded=False,
+                )
+                if not their_etag:  # which version's parts: cannot tell
+                    got = []
+                    break
+                if their_etag != etag:
+                    return None  # another version now: not this body's parts
+                got += page
+        except (ObjectNotFound, BackendUnavailable):
+            return None  # gone, or not answering now: unverified this time, asked again next
+        except BackendError as e:  # not implemented, refused: this store does not tell
+            log.info("s3_object_parts_unknown", bucket=self.bucket, key=key, error=str(e))
+            got = []
+        sizes: tuple[int, ...] | None = tuple(n for _, n in got)
+        if [p for p, _ in got] != list(range(1, parts + 1)) or sum(sizes or ()) != size:
+            sizes = None
+        cache[ck] = sizes
+        if len(cache) > _PARTS_CACHED:
+            cache.popitem(last=False)
+        return sizes
 
     @staticmethod
     async def _off_loop_if_big(fn: Callable[[str, bytes], bytes], name: str, data: bytes) -> bytes:
@@ -671,10 +745,20 @@ class S3Store:
         policy = self.checksums
         if whole and (policy.stored or policy.md5 or policy.python_crcs):
             c = body_checksum(
-                h, etag, stored=policy.stored, md5=policy.md5, python_crcs=policy.python_crcs
+                h,
+                etag,
+                stored=policy.stored,
+                md5=policy.md5,
+                python_crcs=policy.python_crcs,
+                multipart=True,
             )
+            sizes = None
+            if c is not None and c.parts > 1:
+                sizes = await self._object_parts(key, etag, c.parts, len(data))
+                if sizes is None:
+                    c = None  # the store does not say where the parts are: not verifiable
             if c is not None:
-                await self._verify(key, data, c)
+                await self._verify(key, data, c, sizes)
         if status != 206 and (start > 0 or end is not None):
             data = data[start:end]  # the server ignored Range: cut the slice ourselves
         return GetResult(

@@ -248,6 +248,31 @@ def parse_list_reference(body: bytes | bytearray) -> ListPage:
     return ListPage(objects, prefixes, next_token, skipped)
 
 
+def parse_object_parts(body: bytes | bytearray) -> tuple[str, list[tuple[int, int]], int | None]:
+    """A GetObjectAttributes reply asked for ``ObjectParts``: (the object's ETag unquoted,
+    [(part number, size)] in the order given, the next part-number marker when the list is
+    truncated, else None)."""
+    root = xml_root(body)
+    if _local_name(root.tag) != "GetObjectAttributesResponse":
+        raise MalformedReply(f"unexpected attributes response <{_local_name(root.tag)}>")
+    etag = unquote_etag(child_text(root, "ETag"))
+    parts: list[tuple[int, int]] = []
+    marker: int | None = None
+    for el in root:
+        if _local_name(el.tag) != "ObjectParts":
+            continue
+        truncated = child_text(el, "IsTruncated").strip().lower() == "true"
+        try:
+            for p in el:
+                if _local_name(p.tag) == "Part":
+                    parts.append((int(child_text(p, "PartNumber")), int(child_text(p, "Size"))))
+            if truncated:
+                marker = int(child_text(el, "NextPartNumberMarker"))
+        except ValueError:
+            raise MalformedReply("bad PartNumber, Size or NextPartNumberMarker") from None
+    return etag, parts, marker
+
+
 # --------------------------------------------------------------------- header values
 
 

@@ -6,6 +6,7 @@ in tests/reliability/test_checksums.py."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import os
@@ -16,7 +17,8 @@ import pytest
 
 from gateway.backend import checksums
 from gateway.backend.checksums import Checksum, body_checksum, digest, py_crc32c, py_crc64nvme
-from gateway.backend.config import ChecksumPolicy
+from gateway.backend.config import ChecksumPolicy, RetryPolicy
+from gateway.backend.s3 import ChecksumMismatch, S3Store
 
 BODY = os.urandom(5000)
 MD5_ETAG = hashlib.md5(BODY).hexdigest()
@@ -200,3 +202,158 @@ def test_an_old_config_with_verify_crc32c_still_loads(tmp_path: Path) -> None:
     assert warnings == []
     assert cfg.s3.checksums == ChecksumPolicy(stored=True, md5=False, python_crcs=True)
     assert ChecksumPolicy() == ChecksumPolicy(stored=True, md5=False, python_crcs=False)
+
+
+# ------------------------------------------------- COMPOSITE checksums of several parts
+
+PARTS = (os.urandom(3000), os.urandom(2000), os.urandom(17))  # as a store cuts them
+WHOLE = b"".join(PARTS)
+
+
+def composite(algorithm: str, parts: tuple[bytes, ...] = PARTS) -> str:
+    """S3's COMPOSITE value: the checksum of the parts' binary checksums, ``-<parts>``."""
+    inner = b"".join(digest(algorithm, p) for p in parts)
+    return f"{b64(digest(algorithm, inner))}-{len(parts)}"
+
+
+def test_a_composite_checksum_of_several_parts_needs_their_sizes(twin: str) -> None:
+    sizes = tuple(map(len, PARTS))
+    for algorithm in ("crc32", "crc32c", "crc64nvme", "sha1", "sha256"):
+        h = {
+            f"x-amz-checksum-{algorithm}": composite(algorithm),
+            "x-amz-checksum-type": "COMPOSITE",
+        }
+        assert body_checksum(h, "abc-3", stored=True, python_crcs=True) is None  # as before
+        c = body_checksum(h, "abc-3", stored=True, python_crcs=True, multipart=True)
+        assert c is not None and c.parts == 3 and not c.of_one_part
+        assert c.compute(WHOLE, sizes) == c.expected
+        for at in (10, 3000 + 5, len(WHOLE) - 1):  # a bit in the first, second, last part
+            assert c.compute(flipped(WHOLE, at), sizes) != c.expected
+        assert c.compute(WHOLE, (2999, 2001, 17)) != c.expected  # other boundaries
+        with pytest.raises(ValueError):
+            c.compute(WHOLE)
+        with pytest.raises(ValueError):
+            c.compute(WHOLE, (3000, 2017))
+
+
+ATTRIBUTES = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<GetObjectAttributesResponse xmlns="http://s3.'
+    'amazonaws.com/doc/2006-03-01/"><ETag>"{etag}"</ETag><ObjectParts><TotalPartsCount>3'
+    "</TotalPartsCount><PartNumberMarker>0</PartNumberMarker><NextPartNumberMarker>3"
+    "</NextPartNumberMarker><MaxParts>1000</MaxParts><IsTruncated>false</IsTruncated>{parts}"
+    "</ObjectParts><ObjectSize>{size}</ObjectSize></GetObjectAttributesResponse>"
+)
+
+
+class FakeS3:
+    """An in-process server with one 3-part object stored with a COMPOSITE CRC32 (as
+    SeaweedFS keeps them: no per-part checksums, sizes from GetObjectAttributes); ``flip``
+    corrupts one bit of every GET body at that offset; ``attributes`` is the status the
+    GetObjectAttributes request gets (200: the parts)."""
+
+    def __init__(self, flip: int | None = None, attributes: int = 200) -> None:
+        self.flip = flip
+        self.attributes = attributes
+        self.requests: list[str] = []
+        self.etag = "0123456789abcdef0123456789abcdef-3"
+
+    async def handler(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = (await r.readuntil(b"\r\n\r\n")).decode()
+                target = head.split(" ", 2)[1]
+                self.requests.append(target)
+                if target.endswith("?attributes="):
+                    assert "x-amz-object-attributes: ETag,ObjectParts" in head
+                    parts = "".join(
+                        f"<Part><PartNumber>{i}</PartNumber><Size>{len(p)}</Size></Part>"
+                        for i, p in enumerate(PARTS, 1)
+                    )
+                    body = ATTRIBUTES.format(etag=self.etag, parts=parts, size=len(WHOLE))
+                    data = body.encode() if self.attributes == 200 else b""
+                    w.write(
+                        b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s"
+                        % (self.attributes, len(data), data)
+                    )
+                else:
+                    data = WHOLE if self.flip is None else flipped(WHOLE, self.flip)
+                    w.write(
+                        b'HTTP/1.1 200 OK\r\nETag: "%s"\r\nContent-Length: %d\r\n'
+                        b"x-amz-checksum-crc32: %s\r\nx-amz-checksum-type: COMPOSITE\r\n"
+                        b"Last-Modified: Fri, 27 Nov 2026 01:00:00 GMT\r\n\r\n%s"
+                        % (self.etag.encode(), len(data), composite("crc32").encode(), data)
+                    )
+                await w.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            w.close()
+
+
+async def _store_on(fake: FakeS3, seen: list[tuple[str, str]]) -> tuple[asyncio.Server, S3Store]:
+    srv = await asyncio.start_server(fake.handler, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    store = S3Store(
+        "bucket",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        region="us-east-1",
+        access_key="AK",
+        secret_key="SK",
+        retry=RetryPolicy(max_attempts=3, base_delay_s=0.001, max_delay_s=0.002),
+        observer=lambda op, outcome, s: seen.append((op, outcome)),
+    )
+    return srv, store
+
+
+@pytest.mark.parametrize("lean_http", [True, False])
+async def test_a_multipart_object_is_verified_against_its_composite_checksum(
+    lean_http: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One GetObjectAttributes per object version gives the parts' sizes; each part's CRC over
+    its slice of the body, their CRC against the stored value: the right bytes are served."""
+    monkeypatch.setenv("NFSGW_S3_LEAN_HTTP", "1" if lean_http else "0")
+    fake = FakeS3()
+    seen: list[tuple[str, str]] = []
+    srv, store = await _store_on(fake, seen)
+    try:
+        for _ in range(3):
+            assert (await store.get("k")).data == WHOLE
+    finally:
+        await store.close()
+        srv.close()
+    assert seen.count(("attributes", "ok")) == 1  # once per (key, ETag)
+    assert seen.count(("get", "ok")) == 3 and len(seen) == 4
+
+
+@pytest.mark.parametrize("at", [3000 + 1000, 3000 + 1999, 10, len(WHOLE) - 1])
+async def test_a_bit_flipped_in_a_part_is_never_served(at: int) -> None:
+    """A bit flipped in part 2 (or 1, or 3) on every attempt: retried, then ChecksumMismatch,
+    never the bytes."""
+    fake = FakeS3(flip=at)
+    seen: list[tuple[str, str]] = []
+    srv, store = await _store_on(fake, seen)
+    try:
+        with pytest.raises(ChecksumMismatch):
+            await store.get("k")
+        fake.flip = None  # the store recovers: the right bytes, no new attributes request
+        assert (await store.get("k")).data == WHOLE
+    finally:
+        await store.close()
+        srv.close()
+    assert seen.count(("get", "checksum_mismatch")) == 3
+    assert seen.count(("attributes", "ok")) == 1
+
+
+async def test_a_store_without_object_parts_serves_unverified_as_before() -> None:
+    """GetObjectAttributes not implemented (501): the COMPOSITE checksum cannot be checked,
+    the body is served as before, and the store is not asked again for that version."""
+    fake = FakeS3(attributes=501, flip=4000)
+    seen: list[tuple[str, str]] = []
+    srv, store = await _store_on(fake, seen)
+    try:
+        for _ in range(2):
+            assert (await store.get("k")).data == flipped(WHOLE, 4000)  # nothing to check with
+    finally:
+        await store.close()
+        srv.close()
+    assert seen.count(("attributes", "error")) == 1
