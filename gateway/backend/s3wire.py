@@ -11,10 +11,11 @@ does that).
 package's own build) and ``parse_list_reference`` (ElementTree, the reference) only for a
 page the C does not fully understand (it returns None, never guesses) or when the C is not
 there (``NFSGW_PURE_PYTHON=1``, or not built: ``compiled``). A 1,000-key page costs
-0.41-0.55 µs of CPU per entry in C against 3.2-4.9 with ElementTree; a re-list of an
-unchanged 1,281-entry directory on SeaweedFS 2.0-2.9 ms of gateway CPU in all, of which the
-parse is ~0.6, the HTTP client 0.8-1.5 and the namespace's comparison ~0.6
-(``benchmarks/list_parse.py``, docs/benchmarks.md "Listings in C").
+0.41-0.55 µs of CPU per entry in C against 3.2-4.9 with ElementTree. A re-list of an
+unchanged 1,281-entry directory on SeaweedFS parses nothing (``list_reply`` below): ~1.0 ms of
+gateway CPU in all, against 2.6-3.0 when its two pages were parsed (~0.6) and compared (~0.6)
+over aiohttp (``benchmarks/list_parse.py``, docs/benchmarks.md "Listings in C" and "Re-lists
+that parse nothing").
 
 ``list_reply`` is what a LIST reply becomes: the parsed page with its digest, or, for a page
 whose digest the caller knew (the same page of the previous listing of that directory), an
