@@ -101,7 +101,10 @@ class ObjectStore(Protocol):
     Optional, asked for with ``getattr`` (``S3Store`` has it; a ``StoreWrapper`` does not
     forward it, so a wrapper that answers listings itself is never bypassed):
     ``list_page_if_changed(prefix, *, delimiter, token, max_keys, known: bytes) -> ListPage |
-    Unchanged``, ``list_page`` that skips the parse when the page's digest is ``known``."""
+    Unchanged``, ``list_page`` that skips the parse when the page's digest is ``known``;
+    ``watch_listing(prefix) -> token | None`` and ``unchanged_since(token) -> bool``
+    (``LocalStore``: inotify), whether anything changed in a directory since a listing of it
+    started."""
 
     name: str
 

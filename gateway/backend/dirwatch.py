@@ -23,6 +23,10 @@ watched the directory all along.
   event about a subdirectory moved or deleted kills the watches under it too); the kernel's
   queue overflowing (every token is then dead). A dead token means: re-list, as without
   notification.
+- **Only filesystems whose changes the kernel sees.** inotify reports what this machine
+  does; on a network or FUSE filesystem another machine's changes go unseen, so a directory
+  is watched only on a local filesystem (``LOCAL_FILESYSTEMS``, by the mount table read when
+  the first watch is armed); elsewhere ``arm`` returns None and the TTL decides, as for S3.
 - **Bounds**: ``max_watches`` (default 8,192, at most half the kernel's
   ``fs.inotify.max_user_watches``); the kernel's queue (``max_queued_events``) drained at
   every ``arm`` and ``unchanged``; when it overflowed in between, everything re-lists.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import struct
 import sys
 from collections import OrderedDict
@@ -77,6 +82,13 @@ _SELF_GONE: Final = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED
 _CHILD_DIR_GONE: Final = IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE | IN_CREATE
 _EVENT: Final = struct.Struct("iIII")
 MAX_WATCHES: Final = 8192
+# Filesystems whose every change is made through this kernel (so inotify sees it).
+LOCAL_FILESYSTEMS: Final = frozenset(
+    {
+        "bcachefs", "btrfs", "exfat", "ext2", "ext3", "ext4", "f2fs", "hfsplus", "jfs",
+        "nilfs2", "ntfs3", "overlay", "ramfs", "reiserfs", "tmpfs", "vfat", "xfs", "zfs",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +120,32 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+def mount_table(path: str = "/proc/self/mountinfo") -> list[tuple[str, str]]:
+    """(mount point, filesystem type), longest mount point first."""
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                fields, _, rest = line.partition(" - ")
+                parts = fields.split()
+                if len(parts) < 5 or not rest:
+                    continue
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
+                out.append((point, rest.split()[0]))
+    except OSError:
+        return []
+    out.sort(key=lambda pf: len(pf[0]), reverse=True)
+    return out
+
+
+def fs_type(path: str, table: list[tuple[str, str]]) -> str | None:
+    """The type of the filesystem ``path`` (absolute, resolved) is on, per ``table``."""
+    for point, fstype in table:
+        if path == point or point == "/" or path.startswith(point + "/"):
+            return fstype
+    return None
+
+
 def _watch_limit() -> int:
     try:
         with open("/proc/sys/fs/inotify/max_user_watches") as f:
@@ -128,6 +166,7 @@ class DirWatch:
         self._by_path: OrderedDict[str, _Watch] = OrderedDict()
         self._by_wd: dict[int, _Watch] = {}
         self._serial = 0
+        self._mounts: list[tuple[str, str]] | None = None  # read on the first arm
         self.era = 0
         self.overflows = 0
 
@@ -143,6 +182,10 @@ class DirWatch:
         self._drain(fd)
         w = self._by_path.get(path)
         if w is None:
+            if self._mounts is None:
+                self._mounts = mount_table()
+            if fs_type(path, self._mounts) not in LOCAL_FILESYSTEMS:
+                return None
             assert self._libc is not None
             wd: int = self._libc.inotify_add_watch(fd, os.fsencode(path), MASK)
             if wd < 0:

@@ -96,6 +96,7 @@ class Directory:
         "ttl",
         "unannounced",
         "verf",
+        "watch",
     )
 
     def __init__(self, path: str, key_prefix: str, ttl: float) -> None:
@@ -125,6 +126,9 @@ class Directory:
         self.probes: dict[str, tuple[Entry | None, float]] = {}
         self.retry_at = -math.inf
         self.unannounced = False  # listed ahead of any client: the watcher is told on first use
+        # The store's change token armed when the listing ``cols`` came from started
+        # (``ObjectStore.watch_listing``: a local export's inotify watch), or None.
+        self.watch: object | None = None
 
     def freshness(self, now: float, hard_ttl: float) -> Fresh:
         """ "fresh" until ``fresh_until``; then "stale" (served while re-listed) until

@@ -90,6 +90,7 @@ class NamespaceStats:
     negative_hits: int = 0
     prefetches: int = 0
     relists: int = 0
+    relists_avoided: int = 0  # TTL passed, but the store saw nothing change (inotify)
     listed_ahead: int = 0  # first listings started ahead of a client's READDIRs
     list_pages: int = 0
     targeted_lookups: int = 0

@@ -38,6 +38,11 @@ implemented (``paths``, ``objmeta``, ``entries``, ``columns``, ``cookies``, ``li
   re-list's answer for a name it has passed); past the hard limit, max(``hard_ttl_factor`` x
   ``attr_ttl_s``, 2 x ``attr_ttl_max_s``) after its listing, callers wait for the re-list. A
   failed background re-list keeps the old view and is retried after ``retry_after_error_s``.
+- **Change notification.** A store that can say a directory is unchanged (``watch_listing``
+  and ``unchanged_since``: a local export's inotify watches, ``gateway.backend.dirwatch``)
+  is asked first when a view's TTL has passed: unchanged since its listing started, the view
+  is fresh again for its TTL from now (``relists_avoided``), with no re-list; otherwise, or
+  when the store cannot watch it, the re-list goes as above.
 - **Budget.** ``memory_bytes`` bounds what all directories cost (``Directory.bytes``: their
   columns' buffers as allocated, the entries kept whole, cookies, and ``entries`` constants
   per directory and per entry being listed); the least recently used directories are dropped
@@ -65,7 +70,7 @@ import math
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final, Literal, Protocol
 
 import structlog
@@ -134,6 +139,14 @@ class Namespace:
         self._ttl_max = max(self._ttl, cfg.ttl_max_s())
         self._hard_ttl = max(self._ttl * cfg.hard_ttl_factor, 2 * self._ttl_max)
         self._random = random.Random()
+        # Optional store capabilities (a local export's change notification): the base
+        # docstring of ObjectStore.
+        self._watch_listing: Callable[[str], object | None] | None = getattr(
+            store, "watch_listing", None
+        )
+        self._unchanged_since: Callable[[object], bool] | None = getattr(
+            store, "unchanged_since", None
+        )
         self._dirs: OrderedDict[str, Directory] = OrderedDict()
         self._start_ns = clock.time_ns()
         self._dir_times: OrderedDict[str, int] = OrderedDict()
@@ -383,7 +396,22 @@ class Namespace:
         return d
 
     def _freshness(self, d: Directory) -> Fresh:
-        return d.freshness(self.clock.monotonic(), self._hard_ttl)
+        now = self.clock.monotonic()
+        state = d.freshness(now, self._hard_ttl)
+        if (state == "stale" or state == "expired") and d.watch is not None:
+            # Invalidated (listed_at -inf) or being re-listed: as without notification.
+            unchanged = self._unchanged_since
+            if (
+                d.listing is None
+                and d.listed_at != -math.inf
+                and unchanged is not None
+                and unchanged(d.watch)  # nothing changed since the view's listing started
+            ):
+                d.listed(now, JITTER * self._random.random())
+                self.stats.relists_avoided += 1
+                return "fresh"
+            d.watch = None
+        return state
 
     async def _view(self, d: Directory) -> None:
         """Until the directory has a complete (or partial-mode) view, listing if needed."""
@@ -471,6 +499,8 @@ class Namespace:
         if d.listing is not None:
             return d.listing
         lst = Listing(self.clock.monotonic(), d.cols, d.pages)
+        if self._watch_listing is not None:  # armed before the listing reads anything
+            lst.watch = self._watch_listing(d.key_prefix)
         d.listing = lst
         if lst.relist:
             self.stats.relists += 1
@@ -537,6 +567,7 @@ class Namespace:
         else:  # acdirmin/acdirmax style: unchanged, the next re-list comes later
             d.ttl = max(min(2 * d.ttl, self._ttl_max) if relist else d.ttl, self._age_ttl(d))
         d.listed(-math.inf if lst.invalid else lst.started_at, JITTER * self._random.random())
+        d.watch = None if lst.invalid or partial else lst.watch
         entries = d.count()
         seconds = time.perf_counter() - lst.t0
         log.info(

@@ -278,6 +278,7 @@ class Listing:
         "task",
         "tokens",
         "unchanged",
+        "watch",
     )
 
     def __init__(
@@ -308,6 +309,7 @@ class Listing:
         self.ahead = False  # started ahead of a client (``Namespace._list_ahead``)
         self.started_at = started_at
         self.t0 = time.perf_counter()
+        self.watch: object | None = None  # the store's change token, armed as it started
         self.task: asyncio.Task[None] | None = None
         self.page_fut: asyncio.Future[None] | None = None
 

@@ -442,6 +442,10 @@ METRICS: tuple[MetricDef, ...] = (
     _M("nfsgw_metadata_prefetches_total", COUNTER,
        "Whole-directory listings started (first touch, or a re-list after the TTL)", ("kind",),
        PerLabel("namespace", (("first", "prefetches"), ("relist", "relists")))),
+    _M("nfsgw_metadata_relists_avoided_total", COUNTER,
+       "Re-lists not sent because the store saw nothing change in the directory since its "
+       "last listing (a local export's inotify watch)", (),
+       _F("namespace", "relists_avoided")),
     _M("nfsgw_metadata_listed_ahead_total", COUNTER,
        "First listings started ahead of a client reading sibling directories in order "
        "(included in nfsgw_metadata_prefetches_total{kind=\"first\"})", (),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backend.dirwatch import _EVENT, IN_Q_OVERFLOW, DirWatch
+from gateway.backend.dirwatch import _EVENT, IN_Q_OVERFLOW, DirWatch, fs_type, mount_table
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify")
 
@@ -155,3 +155,28 @@ def test_closed_it_says_changed_and_arms_nothing(tree: Path) -> None:
 def test_without_inotify_nothing_is_armed(tree: Path) -> None:
     w = DirWatch(max_watches=0)
     assert w.arm(str(tree)) is None
+
+
+def test_only_local_filesystems_are_watched(tmp_path: Path) -> None:
+    """A network or FUSE filesystem's changes made elsewhere never reach inotify: no token."""
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+        "40 22 0:40 / /mnt/nfs rw - nfs4 server:/x rw\n"
+        "41 22 0:41 / /mnt/s3\\040fuse rw - fuse.s3fs s3fs rw\n"
+        "42 40 0:42 / /mnt/nfs/local rw - tmpfs tmpfs rw\n"
+    )
+    mounts = mount_table(str(table))
+    assert fs_type("/data/x", mounts) == "ext4"
+    assert fs_type("/mnt/nfs", mounts) == fs_type("/mnt/nfs/a/b", mounts) == "nfs4"
+    assert fs_type("/mnt/nfsx", mounts) == "ext4"
+    assert fs_type("/mnt/s3 fuse/train", mounts) == "fuse.s3fs"
+    assert fs_type("/mnt/nfs/local/d", mounts) == "tmpfs"
+    w = DirWatch()
+    try:
+        w._mounts = [(str(tmp_path), "nfs4"), ("/", "ext4")]
+        assert w.arm(str(tmp_path)) is None
+        w._mounts = [(str(tmp_path), "tmpfs"), ("/", "ext4")]
+        assert w.arm(str(tmp_path)) is not None
+    finally:
+        w.close()
