@@ -91,6 +91,15 @@ included: what it holds resident), divided by ``shared_by``. Entries are plain t
 untracked values and an object's blocks are indexed without a set per object, so a cache of
 200,000 small files adds nothing to a full garbage collection
 (it added ~0.2 s to each: a stall of every call at ImageNet scale).
+**Slices of a shared buffer** (a pack's group: its members are cached as views of the one
+buffer they arrived in) are charged their own length, but the buffer lives while any of them
+does: an evicted member's bytes stay held by its surviving neighbours. Those bytes (the
+*slack*) are counted per buffer; when they pass ``slack_bytes`` (an eighth of the budget, at
+least ``MIN_SLACK``) the surviving slices of the buffers with the most are copied out (each
+to its own ``bytes``: same charge) and the buffers let go, so evictions free what they
+account for, give or take ``slack_bytes`` (``stats.slices_copied``). Not counted: the parts
+of a group no slice ever covered (CRC failures, members the cache had no room for when the
+group arrived): at most one group's ``range_bytes`` each time memory fills up mid-group.
 ``used_bytes <= budget_bytes`` holds after every call. An entry larger than the whole
 budget is not cached (the READ that fetched it is still served). Bytes in flight are *not*
 charged here: ``ObjectReader`` bounds them separately (fetch slots x max request size), and
@@ -129,6 +138,28 @@ _PREFETCH: Final = 2
 _AHEAD: Final = 3
 _SPENT: Final = 4
 _UNVISITED: Final = -1
+
+
+MIN_SLACK: Final = 16 * 1024 * 1024
+"""The least slack (bytes of shared buffers held only by other slices) ever allowed."""
+
+
+class _Shared:
+    """One buffer some cached entries are slices of: those entries' lengths, and the bytes of
+    its slices that left while others stayed (held, not charged)."""
+
+    __slots__ = ("live", "departed")
+
+    def __init__(self) -> None:
+        self.live: dict[BlockKey, int] = {}
+        self.departed = 0
+
+
+def _shared_buffer(data: bytes | memoryview) -> bytes | None:
+    """The ``bytes`` ``data`` is a proper slice of, or None."""
+    if type(data) is memoryview and type(data.obj) is bytes and data.nbytes < len(data.obj):
+        return data.obj
+    return None
 
 
 _Entry = tuple[bytes | memoryview, int, int, int, bool, bool]
@@ -232,6 +263,10 @@ class DataCache:
         """Whole objects leaving the window become spent (set by the data prefetcher)."""
         self._visits = 0
         self._sketch = FrequencySketch(max(1024, budget_bytes // max(1, expected_entry_bytes)))
+        # id(buffer) -> the cached slices of it ("Slices of a shared buffer"); their slack.
+        self._shared: dict[int, _Shared] = {}
+        self._slack = 0
+        self.slack_bytes = max(MIN_SLACK, budget_bytes // 8)
 
     # -- introspection -------------------------------------------------------------------
 
@@ -363,6 +398,8 @@ class DataCache:
         if is_mapping(data):
             self._mapped += len(data)
             self._mappings += 1
+        elif (buf := _shared_buffer(data)) is not None:
+            self._hold_slice(bkey, buf, len(data))
         obj = (bkey[0], bkey[1])
         keys = self._by_object.get(obj)
         if keys is None:
@@ -397,10 +434,19 @@ class DataCache:
             return False
         if not is_mapping(old) and self._mappings >= self.max_mappings:
             return False
+        self._let_go(bkey, old)
         charge = self.charge_of(new)
-        seg = e[_SEG]
-        d = charge - e[_CHARGE]
-        ne = (new, charge, seg, e[_MARK], True, e[_WHOLE])
+        self._replace(bkey, (new, charge, e[_SEG], e[_MARK], True, e[_WHOLE]), charge - e[_CHARGE])
+        if not is_mapping(old):
+            self._mapped += len(new)
+            self._mappings += 1
+        self._update_gauges()
+        return True
+
+    def _replace(self, bkey: BlockKey, ne: _Entry, d: int) -> None:
+        """``ne`` takes the place of ``bkey``'s entry in its segment; ``d``: the change of
+        charge."""
+        seg = ne[_SEG]
         self._entries[bkey] = ne
         if seg == _WINDOW:
             self._window[bkey] = ne
@@ -417,11 +463,42 @@ class DataCache:
         else:
             self._spent[bkey] = ne
             self._spent_bytes += d
-        if not is_mapping(old):
-            self._mapped += len(new)
-            self._mappings += 1
-        self._update_gauges()
-        return True
+
+    # -- slices of shared buffers ("Slices of a shared buffer") ---------------------------
+
+    def _hold_slice(self, bkey: BlockKey, buf: bytes, n: int) -> None:
+        sh = self._shared.get(id(buf))
+        if sh is None:
+            sh = self._shared[id(buf)] = _Shared()
+        sh.live[bkey] = n
+
+    def _let_go(self, bkey: BlockKey, data: bytes | memoryview) -> None:
+        """``bkey``'s entry, ``data``, leaves the cache (or is replaced)."""
+        buf = _shared_buffer(data)
+        if buf is None:
+            return
+        sh = self._shared.get(id(buf))
+        if sh is None or sh.live.pop(bkey, None) is None:
+            return
+        if sh.live:  # its bytes stay held by the others
+            sh.departed += len(data)
+            self._slack += len(data)
+        else:  # the last one: nothing of the buffer is held any more
+            del self._shared[id(buf)]
+            self._slack -= sh.departed
+
+    def _copy_out(self) -> None:
+        """Copy the surviving slices of the buffers with the most slack to bytes of their
+        own until the slack is back under half its bound (so this runs rarely)."""
+        ranked = sorted(self._shared.items(), key=lambda kv: kv[1].departed)
+        while self._slack > self.slack_bytes // 2 and ranked:
+            bid, sh = ranked.pop()
+            del self._shared[bid]
+            self._slack -= sh.departed
+            for bkey in sh.live:
+                e = self._entries[bkey]
+                self._replace(bkey, (bytes(e[_DATA]), e[1], e[2], e[3], e[4], e[5]), 0)
+                self.stats.slices_copied += 1
 
     def room_for(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit while the window's share stays free, after evicting
@@ -550,6 +627,8 @@ class DataCache:
         if is_mapping(e[_DATA]):
             self._mapped -= len(e[_DATA])
             self._mappings -= 1
+        else:
+            self._let_go(k, e[_DATA])
         self.stats.evictions += 1
         if e[_MARK] == _UNVISITED:
             if e[_SEG] == _AHEAD:
@@ -573,6 +652,9 @@ class DataCache:
             del self._by_object[obj]
 
     def _update_gauges(self) -> None:
+        """The end of every call that adds or drops entries (none is being iterated here)."""
+        if self._slack > self.slack_bytes:
+            self._copy_out()
         self.stats.cache_bytes = self.used_bytes
         self.stats.entries = len(self._entries)
         self.stats.mapped_bytes = self._mapped
@@ -584,6 +666,8 @@ class DataCache:
         if is_mapping(e[_DATA]):
             self._mapped -= len(e[_DATA])
             self._mappings -= 1
+        else:
+            self._let_go(k, e[_DATA])
         seg = e[_SEG]
         if seg == _WINDOW:
             del self._window[k]
@@ -629,5 +713,7 @@ class DataCache:
         self._window_bytes = self._main_bytes = self._prefetch_bytes = 0
         self._ahead_bytes = self._spent_bytes = 0
         self._mapped = self._mappings = 0
+        self._shared.clear()
+        self._slack = 0
         self._sketch = FrequencySketch(self._sketch.capacity)
         self._update_gauges()

@@ -42,6 +42,10 @@ class DataStats:
     ahead_wasted: int = 0
     """Objects the data prefetcher fetched that left memory before any READ used them
     (evicted or invalidated: wasted prefetches)."""
+    slices_copied: int = 0
+    """Cached slices of a shared buffer (a pack group's members) copied to bytes of their own
+    so the buffer, mostly evicted, could be let go (``DataCache``, "Slices of a shared
+    buffer")."""
     evictions: int = 0
     """Entries dropped for space, including candidates the admission filter turned away."""
     rejected: int = 0

@@ -263,6 +263,9 @@ METRICS: tuple[MetricDef, ...] = (
        _F("data", "readahead_unused")),
     _M("nfsgw_data_cache_evictions_total", COUNTER,
        "Blocks dropped for space (including admission refusals)", (), _F("data", "evictions")),
+    _M("nfsgw_data_cache_slices_copied_total", COUNTER,
+       "Cached pack members copied out of their group's buffer so that buffer, mostly "
+       "evicted, could be freed", (), _F("data", "slices_copied")),
     _M("nfsgw_data_rejected_total", COUNTER,
        "Evictions that were admission refusals (a new block lost to a more frequent one)", (),
        _F("data", "rejected")),
