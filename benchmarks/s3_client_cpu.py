@@ -12,8 +12,9 @@ whole-object GET and per 1,000-key ListObjectsV2 page (``Delimiter='/'``), one r
 time, best of ``--repeat`` passes; and per HEAD of the same objects. ``--wire`` picks the
 store's GET/HEAD wire (``lean_http``): ``both`` measures the lean one and aiohttp, alternating
 passes in one process so both see the same machine. The lean target (issue 25): a 110 kB
-GET (``--size 112640``) at <= 60 µs. ``--profile-lean S`` only runs lean GETs for S seconds
-(to attach ``py-spy record --pid``). It also times ``parse_list`` alone on the page bodies
+GET (``--size 112640``) at <= 60 µs. ``--uvloop`` runs our client on uvloop, the gateway's
+loop. ``--profile-lean S`` only runs lean GETs for S seconds (to attach ``py-spy record
+--pid``). It also times ``parse_list`` alone on the page bodies
 our client received: the share of our LIST cost that is the XML parse.
 
 This is why the gateway has its own S3 client (STYLE.md §5). obstore and awscrt are not
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from gateway.backend import s3 as s3_module
+from gateway.backend import s3wire
 from gateway.backend.base import ListPage
 from gateway.backend.s3 import S3Store
 from gateway.backend.s3wire import parse_list
@@ -96,11 +97,12 @@ async def capture_list_bodies(store: S3Store) -> list[bytes]:
         bodies.append(body)
         return parse_list(body)
 
-    setattr(s3_module, "parse_list", capturing)  # noqa: B010 - benchmark-only instrumentation
+    # The store parses pages in s3wire.list_reply (which digests them first).
+    setattr(s3wire, "parse_list", capturing)  # noqa: B010 - benchmark-only instrumentation
     try:
         await list_pages(store)
     finally:
-        setattr(s3_module, "parse_list", parse_list)  # noqa: B010
+        setattr(s3wire, "parse_list", parse_list)  # noqa: B010
     return bodies
 
 
@@ -226,6 +228,11 @@ def main() -> None:
     )
     p.add_argument("--no-botocore", action="store_true", help="skip the botocore client")
     p.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="run our client on uvloop (the gateway's default loop) instead of asyncio's",
+    )
+    p.add_argument(
         "--profile-lean",
         type=float,
         default=0.0,
@@ -251,12 +258,17 @@ def main() -> None:
                 await store.close()
 
         asyncio.run(setup())
+        run: Any = asyncio.run
+        if a.uvloop:
+            import uvloop
+
+            run = uvloop.run
         if a.profile_lean > 0:
-            n = asyncio.run(profile_lean(sw, get_keys, a.profile_lean))
+            n = run(profile_lean(sw, get_keys, a.profile_lean))
             print(f"{n} lean GETs in {a.profile_lean:.0f} s")
             return
         wires = {"both": [True, False], "lean": [True], "aiohttp": [False]}[a.wire]
-        ours, ours_list, bodies = asyncio.run(measure_ours(sw, get_keys, a.repeat, wires))
+        ours, ours_list, bodies = run(measure_ours(sw, get_keys, a.repeat, wires))
         boto = None if a.no_botocore else measure_botocore(sw, get_keys, a.repeat)
     parse = parse_cpu_per_page(bodies, a.repeat)
     pages = len(bodies)

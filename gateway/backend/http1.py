@@ -39,6 +39,7 @@ from typing import Final, cast
 
 _HEAD_CHUNK: Final = 4096  # first read; grown by doubling up to max_header_bytes
 _SCRATCH: Final = 16384  # read size for chunked and close-delimited (error) bodies
+_DISCARD: Final = memoryview(bytearray(_SCRATCH))  # read into when no reply is expected
 _MAX_LINE: Final = 4096  # a chunk-size or trailer line
 
 # ReplyReader states
@@ -396,9 +397,12 @@ class _Conn(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         r = self.reader
-        if r is None:  # unsolicited bytes: read them away, then drop the connection
-            self.broken = True
-            return memoryview(bytearray(_SCRATCH))
+        if r is None:
+            # Not yet a sign of unsolicited bytes: uvloop (libuv) asks for a buffer before
+            # each read it tries, and keeps trying after the reply's last bytes until the
+            # socket has nothing more (marking the connection broken here made every request
+            # under uvloop open a new one). Bytes that do arrive: buffer_updated drops it.
+            return _DISCARD
         try:
             return r.buffer()
         except HttpError as e:

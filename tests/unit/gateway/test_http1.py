@@ -444,11 +444,20 @@ def test_the_pool_under_uvloop() -> None:
     (a type check there crashed every lean GET of the gateway)."""
     uvloop = pytest.importorskip("uvloop")
 
+    body = bytes(range(256)) * 800  # 200 kB: the last read fills the body's buffer exactly
+    big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
     async def run() -> None:
         async with server(answering(OK, OK)) as (pool, accepted):
             assert await request(pool) == b"hello world"
             assert await request(pool) == b"hello world"
             assert len(accepted) == 1
+        # libuv asks for a buffer again after a read that filled the one it had, before it
+        # knows whether more bytes came: that is no reason to drop the connection.
+        async with server(answering(big, big, big)) as (pool, accepted):
+            for _ in range(3):
+                assert await request(pool) == body
+            assert len(accepted) == 1 and pool.connects == 1
 
     uvloop.run(run())
 
