@@ -104,8 +104,12 @@ def manager(tmp_path: Path) -> Iterator[Manager]:
         m.sock.close()
 
 
-def test_an_endpoint_nobody_listens_on(tmp_path: Path, manager: Manager) -> None:
-    with socket.socket() as s:  # a port that was free a moment ago: connections refused
+def at_a_dead_endpoint(
+    tmp_path: Path, manager: Manager, workers: int = 1
+) -> tuple[str, GatewayProcess]:
+    """A gateway whose export's S3 endpoint refuses connections (a port that was free a
+    moment ago), reporting to ``manager``; and that endpoint."""
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -121,7 +125,13 @@ def test_an_endpoint_nobody_listens_on(tmp_path: Path, manager: Manager) -> None
         sections={**STATE, "s3": {"endpoint_url": dead}},
         env=env,
         startup_timeout_s=30,
+        workers=workers,
     )
+    return dead, gw
+
+
+def test_an_endpoint_nobody_listens_on(tmp_path: Path, manager: Manager) -> None:
+    dead, gw = at_a_dead_endpoint(tmp_path, manager)
     with gw:
         ready = manager.wait_for("READY")
         assert "/data not answering: the endpoint does not answer" in ready["STATUS"]
@@ -146,24 +156,7 @@ def test_with_workers_the_services_status_names_the_export(
     tmp_path: Path, manager: Manager
 ) -> None:
     """The supervisor's STATUS= (the one systemd shows) carries worker 0's /readyz reason."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env |= {
-        "AWS_ACCESS_KEY_ID": "k",
-        "AWS_SECRET_ACCESS_KEY": "s",
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "NOTIFY_SOCKET": str(manager.path),
-    }
-    gw = GatewayProcess(
-        tmp_path,
-        [{"path": "/data", "backend": "s3://nosuchbucket/"}],
-        sections={**STATE, "s3": {"endpoint_url": dead}},
-        env=env,
-        startup_timeout_s=30,
-        workers=2,
-    )
+    _, gw = at_a_dead_endpoint(tmp_path, manager, workers=2)
     with gw:
         ready = manager.wait_for("READY")
         assert ready["STATUS"].startswith("2 of 2 workers serving")
