@@ -457,9 +457,11 @@ def run(args: argparse.Namespace, with_ganesha: bool, ganesha_note: str) -> int:
         log(f"nfsgw: {report['gateway_code']}, run from {src}, export {backend}")
         env = dict(os.environ, PYTHONPATH=str(src))
         os.chdir(src)  # `python -m gateway.ops.cli` finds the package in its cwd first
-        configs: list[tuple[str, list[str]]] = [("nfsgw-default", [])]
+        more = list(args.gateway_flag)  # given to every gateway (none: the defaults)
+        report["gateway_flags"] = more
+        configs: list[tuple[str, list[str]]] = [("nfsgw-default", more)]
         if not args.no_immutable:
-            configs.append(("nfsgw-immutable", ["--immutable"]))
+            configs.append(("nfsgw-immutable", ["--immutable", *more]))
         all_logs: list[Path] = []
         try:
             for r in range(args.rounds):
@@ -502,6 +504,8 @@ def run(args: argparse.Namespace, with_ganesha: bool, ganesha_note: str) -> int:
             results[name] = combine(runs) if runs else None
         report["combined"] = results
         stopped = f" (STOPPED: {report['stopped']})" if report.get("stopped") else ""
+        if more:
+            stopped = f"; every gateway with {' '.join(more)}" + stopped
         head = (
             f"nfsgw over S3 (SeaweedFS, bucket {bucket_name(tree)}, {tree.files:,} objects), "
             f"nfs-ganesha over the same tree on local disk; {len(report['rounds'])} rounds, "
@@ -564,6 +568,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="also nfsgw --no-data-prefetch, last in round 1 only (epoch 1 against defaults')",
     )
     p.add_argument("--gateway-rev", default=None, help="serve this commit's code (git archive)")
+    p.add_argument(
+        "--gateway-flag",
+        action="append",
+        default=[],
+        help="a flag for every gateway (repeat), e.g. --gateway-flag=--no-data-prefetch",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3 * 3600.0, help="whole run, seconds")
     p.add_argument("--inside-namespace", action="store_true", help=argparse.SUPPRESS)
