@@ -38,14 +38,11 @@ requests). Must not: cache or write the disk tier (neighbours go to the data lay
   neighbours), which keeps the slice in memory as prefetched data if the cache has room, and
   publishes it to the disk tier when workers share it or memory has no room. The memory tier
   charges each slice its own length; the group's buffer lives as long as any slice of it
-  does (cached, or in a reply being written). That is the simple option, chosen over copying
-  out the survivors of a mostly evicted group: with a dataset the cache holds (what groups in
-  memory are for) nothing is evicted and every byte of the buffers is in use (but the tar
-  headers: ~1 %); with a shared disk tier (``--workers`` > 1) each slice is swapped for a
-  mapping of its entry once published, so the buffer goes within milliseconds; with one
-  worker and a dataset larger than the cache, a buffer stays while one of its members is
-  cached: up to ``range_bytes`` per group more than its slices are charged (docs/packs.md,
-  "Memory of groups").
+  does (cached, or in a reply being written). The bytes of evicted members still held that
+  way are bounded by the cache (``DataCache``, "Slices of a shared buffer": past
+  ``slack_bytes`` the survivors of the buffers holding most are copied out and the buffers
+  freed); with a shared disk tier (``--workers`` > 1) each slice is swapped for a mapping of
+  its entry once published, so the buffer goes within milliseconds.
 - **Shared tier.** With a disk tier shared by several workers (``deposit`` publishes the
   neighbours to it) the other worker processes find the members there, and a group fetch is
   also *claimed* among them (``tier``, a ``SharedTier``), like the data layer's fetches
