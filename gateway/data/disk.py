@@ -305,6 +305,18 @@ class DiskStore:
         """Whether ``charge`` more bytes fit in the budget without evicting anything."""
         return self._used + charge <= self._budget
 
+    def takes(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` of new entries would be written now: room in the budget
+        without evicting, in the filesystem's free space, and in the write backlog
+        (``max_pending_write_bytes``), and no recent write error holding writes off."""
+        return (
+            not self._closed
+            and self._used + nbytes <= self._budget
+            and time.monotonic() >= self._refuse_until
+            and self._fs_free - nbytes >= self._min_free
+            and self._pending + nbytes <= self.config.max_pending_write_bytes
+        )
+
     def path(self, k: DiskKey) -> str:
         return os.path.join(self.root, k.name[:2], k.name)
 

@@ -454,7 +454,7 @@ class Server:
             store.deposit = partial(reader.deposit, store.name)
             store.room = cache.room_for
             if disk is not None:
-                store.disk_room = lambda n: disk.has_room(n + n // 16)
+                store.disk_room = lambda n: disk.takes(n + n // 16)
             if disk is not None and disk.shared:  # group fetches claimed among the workers
                 store.tier = TierClaims(
                     disk, store.name, lambda: cache.mappings < cache.max_mappings

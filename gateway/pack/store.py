@@ -72,6 +72,7 @@ import os
 import time
 import zlib
 from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, Protocol, cast
@@ -104,6 +105,7 @@ __all__ = ["PackConfig", "PackStats", "PackedStore", "SharedTier", "TierClaims"]
 log = structlog.get_logger("nfsgw.pack")
 
 MiB = 1024 * 1024
+ON_TIER_GROUPS: Final = 1 << 17  # groups remembered as fetched to the disk tier (~10 MiB)
 CLAIM_POLL_S: Final = (0.001, 0.02)  # first and longest pause between group claim attempts
 
 
@@ -280,6 +282,11 @@ class PackedStore(StoreWrapper):
         """The disk tier when worker processes share it: group fetches are claimed."""
         self._ranges: dict[tuple[int, int], _Group] = {}  # (shard, window) or (shard, -1 - row)
         self._announced: dict[tuple[int, int], _Announced] = {}  # by (shard, window)
+        # Groups fetched to the disk tier only (no room in memory), most recent last: a later
+        # miss of one of their members (one the tier refused or evicted) fetches that member
+        # alone, not the whole group again (which multiplied the bytes read: a dataset twice
+        # the memory tier re-read half of itself per epoch).
+        self._on_tier: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._releasing: set[asyncio.Task[None]] = set()
         self.tier_hits = 0
         """Members read from the shared tier after another worker fetched their group."""
@@ -522,7 +529,10 @@ class PackedStore(StoreWrapper):
         memory = g is not None or a == b or self.room is None or self.room(hi - lo)
         if (
             a == b
-            or (not memory and (self.disk_room is None or not self.disk_room(hi - lo)))
+            or (
+                not memory
+                and (self.disk_room is None or rkey in self._on_tier or not self.disk_room(hi - lo))
+            )
             or (g is not None and not g.lo <= off < off + size <= g.hi)  # split by a large one
         ):  # alone
             a = b = i
@@ -545,6 +555,10 @@ class PackedStore(StoreWrapper):
                 raise
             else:
                 g.future.set_result(data)
+                if not memory and a != b:
+                    self._on_tier[rkey] = None
+                    if len(self._on_tier) > ON_TIER_GROUPS:
+                        self._on_tier.popitem(last=False)
             finally:
                 del self._ranges[rkey]
         else:

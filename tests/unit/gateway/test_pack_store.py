@@ -16,6 +16,7 @@ import asyncio
 import functools
 import gzip
 import io
+import os
 import random
 import tarfile
 import zlib
@@ -29,7 +30,7 @@ from gateway.backend.memory import MemoryStore
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
 from gateway.data.cache import ENTRY_OVERHEAD, is_mapping
 from gateway.data.config import DiskConfig
-from gateway.data.disk import DiskStore
+from gateway.data.disk import DiskStore, disk_key
 from gateway.data.prefetch import DataPrefetcher
 from gateway.exports import ExportConfig
 from gateway.namespace.columns import Columns
@@ -339,7 +340,7 @@ class Worker:
         p.deposit = functools.partial(self.reader.deposit, p.name)
         p.room = cache.room_for
         if disk is not None:
-            p.disk_room = lambda n: disk.has_room(n + n // 16)  # as gateway.ops.server
+            p.disk_room = lambda n: disk.takes(n + n // 16)  # as gateway.ops.server
         if disk is not None and disk.shared:
             p.tier = TierClaims(disk, p.name, lambda: cache.mappings < cache.max_mappings)
 
@@ -507,6 +508,53 @@ async def test_neighbours_go_to_the_disk_tier_when_memory_has_no_room(tmp_path: 
     for key in group:
         assert bytes(await w.read(store, key)) == files[key]
     assert gets(store, "packs/ds/shard-") == 1 and gets(store, "ds/") == 0
+    await disk.close()
+
+
+async def test_a_member_the_tier_lost_is_fetched_alone_not_with_its_group_again(
+    tmp_path: Path,
+) -> None:
+    """A group fetched to the disk tier (no room in memory) is not fetched again as a group:
+    a member the tier no longer has (refused, evicted, damaged) costs its own bytes only. (A
+    whole group per such member re-read half of a dataset twice the cache every epoch.)"""
+    files = group_tree()
+    store, members = seeded(files)
+    group = groups_of(members)[0]
+    disk = await DiskStore.open(tmp_path / "c", DiskConfig(budget=256 * MiB, min_free=0))
+    assert disk is not None
+    w = Worker(store, disk, budget=256 * KiB)
+    await w.packed.load()
+    store.reset_counts()
+    assert bytes(await w.read(store, group[0])) == files[group[0]]
+    await disk.drain()
+    assert gets(store, "packs/ds/shard-") == 1
+    group_bytes = w.packed.stats.range_bytes
+    lost = group[len(group) // 2]
+    o = store._objects[lost.encode()]
+    entry = disk.path(disk_key(w.packed.name, lost, o.etag, 0, len(o.data)))
+    await asyncio.to_thread(os.unlink, entry)
+    assert bytes(await w.read(store, lost)) == files[lost]
+    assert gets(store, "packs/ds/shard-") == 2
+    assert w.packed.stats.range_bytes - group_bytes == len(files[lost])
+    await disk.close()
+
+
+async def test_a_group_is_not_fetched_for_a_disk_tier_whose_write_backlog_is_full(
+    tmp_path: Path,
+) -> None:
+    """Neighbours the tier would refuse (its write backlog full) would be fetched for nothing:
+    the member alone is."""
+    files = group_tree()
+    store, members = seeded(files)
+    group = groups_of(members)[0]
+    cfg = DiskConfig(budget=256 * MiB, min_free=0, max_pending_write_bytes=64 * KiB)
+    disk = await DiskStore.open(tmp_path / "c", cfg)
+    assert disk is not None
+    w = Worker(store, disk, budget=256 * KiB)
+    await w.packed.load()
+    store.reset_counts()
+    assert bytes(await w.read(store, group[0])) == files[group[0]]
+    assert w.packed.stats.range_bytes == len(files[group[0]])
     await disk.close()
 
 
