@@ -13,12 +13,6 @@ room there is), or know about NFS.
   ``prefetch_max_size`` (default ``small_file_max``) that are not cached, not being fetched,
   not read in this pass, and not left alone for the export (``skip``: being written on a
   read-write export, coming with another member's range on a packed one).
-- **Packs.** On a packed export a prefetch of a member fetches its whole group (its shard's
-  members in one 8 MiB range, ``gateway.pack.store``) when memory or the disk tier has room
-  for it, and the walk moves on by group: the export's ``fetching`` hook is told when a
-  prefetch starts and ends, and meanwhile ``skip`` leaves the other members of that group
-  alone (they come with it). Members left alone for a group that was not fetched after all
-  (the member was on the disk tier, or had to be fetched alone) are looked at again.
 - **Demand first.** A prefetch is a read-ahead-class GET: a freed GET slot goes to a demand
   fetch first; a READ of an object being prefetched joins that GET (no second request) and
   promotes it to demand.
@@ -138,15 +132,10 @@ class PrefetchStats:
     """Of those, files read in this pass."""
 
 
-Fetching = Callable[[str, bool], list[str]]
-"""An export's hook: (key, started) when a prefetch of ``key`` starts and ends; at the end,
-keys to look at again (left alone for it by ``skip``, and not fetched with it after all)."""
-
-
 class _Dir:
     __slots__ = (
         "store", "prefix", "cols", "skip", "bits", "files", "cursor", "start", "queued",
-        "read_in", "fetching",
+        "read_in",
     )  # fmt: skip
 
     def __init__(
@@ -157,10 +146,8 @@ class _Dir:
         skip: Callable[[str], bool] | None,
         small: int,
         share: tuple[int, int] = (0, 1),
-        fetching: Fetching | None = None,
     ) -> None:
         self.store = store
-        self.fetching = fetching
         self.prefix = prefix
         self.cols = cols
         self.skip = skip
@@ -231,13 +218,10 @@ class DataPrefetcher:
 
     # -- the namespace's side (DirWatcher) ------------------------------------------------
 
-    def watch(
-        self, skip: Callable[[str], bool] | None = None, fetching: Fetching | None = None
-    ) -> _Watcher:
+    def watch(self, skip: Callable[[str], bool] | None = None) -> _Watcher:
         """A ``Namespace.watcher`` for one export; ``skip(key)``: leave it for now (being
-        written; coming with another object's fetch, as a pack's members do); ``fetching``:
-        told when each prefetch starts and ends (a packed export's groups)."""
-        return _Watcher(self, skip, fetching)
+        written; coming with another object's fetch, as a pack's members do)."""
+        return _Watcher(self, skip)
 
     def add_dir(
         self,
@@ -245,12 +229,10 @@ class DataPrefetcher:
         key_prefix: str,
         cols: Columns,
         skip: Callable[[str], bool] | None = None,
-        fetching: Fetching | None = None,
     ) -> None:
         """A directory was listed: (re)register it and queue its files for this pass."""
         k = (store.name, key_prefix)
-        small = self._reader.config.small_file_max
-        d = _Dir(store, key_prefix, cols, skip, small, self._share, fetching)
+        d = _Dir(store, key_prefix, cols, skip, self._reader.config.small_file_max, self._share)
         old = self._dirs.pop(k, None)
         if old is not None and old.cols is cols:  # an unchanged re-list: same rows
             self._unqueue(old)
@@ -416,8 +398,6 @@ class DataPrefetcher:
             self._inflight_bytes += size
             self._inflight_charge += size + ENTRY_OVERHEAD
             self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
-            if d.fetching is not None:
-                d.fetching(key, True)
             t = asyncio.get_running_loop().create_task(
                 self._one(d, r, key, d.cols.etag(r), size, where, tries), name="prefetch"
             )
@@ -544,24 +524,12 @@ class DataPrefetcher:
             if isinstance(exc, BackendUnavailable):
                 self._back_off()
         finally:
-            if d.fetching is not None:
-                self._again(d, d.fetching(key, False))
             self._inflight -= 1
             self._inflight_bytes -= size
             self._inflight_charge -= size + ENTRY_OVERHEAD
             self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
             self._freed.set()
         self._adapt(failed)
-
-    def _again(self, d: _Dir, keys: list[str]) -> None:
-        """Look at ``keys`` of ``d`` again, first (as retries that are due)."""
-        n = len(d.prefix)
-        for key in keys:
-            r = d.cols.find(key[n:])
-            if r >= 0 and len(self._retry) < self._cfg.max_retries:
-                self._retry.appendleft((0.0, d, r, 0))
-        if keys:
-            self._wake.set()
 
     def _adapt(self, failed: bool) -> None:
         """AIMD on the backend's retries: halve and pause on new ones, else add one back."""
@@ -604,17 +572,14 @@ class DataPrefetcher:
 class _Watcher:
     """One export's ``Namespace.watcher``."""
 
-    __slots__ = ("_p", "_skip", "_fetching")
+    __slots__ = ("_p", "_skip")
 
-    def __init__(
-        self, p: DataPrefetcher, skip: Callable[[str], bool] | None, fetching: Fetching | None
-    ) -> None:
+    def __init__(self, p: DataPrefetcher, skip: Callable[[str], bool] | None) -> None:
         self._p = p
         self._skip = skip
-        self._fetching = fetching
 
     def listed(self, store: ObjectStore, key_prefix: str, cols: Columns) -> None:
-        self._p.add_dir(store, key_prefix, cols, self._skip, self._fetching)
+        self._p.add_dir(store, key_prefix, cols, self._skip)
 
     def dropped(self, store: ObjectStore, key_prefix: str) -> None:
         self._p.drop_dir(store, key_prefix)

@@ -417,8 +417,7 @@ class Server:
         # cache holds them; no latency to hide): prefetching them only takes CPU from READs.
         remote = parse_store_url(ec.backend).scheme != "file"
         if self.prefetcher is not None and ec.data_prefetch and remote:
-            fetching = store.fetching if isinstance(store, PackedStore) else None
-            ns.watcher = self.prefetcher.watch(self._leave_alone(export), fetching)
+            ns.watcher = self.prefetcher.watch(self._leave_alone(export))
         return export
 
     def _packed(self, ec: ExportConfig, inner: ObjectStore, prefix: str) -> PackedStore:

@@ -26,8 +26,7 @@ requests). Must not: cache or write the disk tier (neighbours go to the data lay
   data starts in the same aligned ``range_bytes`` window (8 MiB: ~75 ImageNet files, so a cold
   epoch costs ~0.013 GET per file), as one range from the first's data to the last's end.
   Groups do not overlap, so no byte is fetched twice; concurrent GETs of members of one group
-  share its fetch, and ``covered`` tells the data prefetcher to move on to the next group
-  (also while a prefetch of one of its members is on its way here: ``fetching``). When
+  share its fetch, and ``covered`` tells the data prefetcher to move on to the next group. When
   ``room`` says the memory tier has no space for the group (a dataset larger than memory),
   its neighbours go to the disk tier only (``disk_room``: if it has space), so they do not
   push each other out of memory unread; with space in neither, only the member itself is
@@ -105,6 +104,7 @@ __all__ = ["PackConfig", "PackStats", "PackedStore", "SharedTier", "TierClaims"]
 log = structlog.get_logger("nfsgw.pack")
 
 MiB = 1024 * 1024
+RECENT_GROUPS: Final = 4  # group buffers kept for members asked for just after (~32 MiB)
 ON_TIER_GROUPS: Final = 1 << 17  # groups remembered as fetched to the disk tier (~10 MiB)
 CLAIM_POLL_S: Final = (0.001, 0.02)  # first and longest pause between group claim attempts
 
@@ -137,6 +137,8 @@ class PackStats:
     range_bytes: int = 0
     deposited: int = 0
     """Neighbours handed to the data cache with a range."""
+    recent_hits: int = 0
+    """Members answered from a group fetched a moment before (no GET)."""
     fallbacks: int = 0
     """GETs of packed keys answered by the bucket: replaced, partial, large or damaged."""
     corrupt: int = 0
@@ -217,17 +219,6 @@ def _close_claim(fut: asyncio.Future[tuple[int, bool]]) -> None:
         os.close(fut.result()[0])
 
 
-class _Announced:
-    """A group the data prefetcher is fetching a member of (``fetching``)."""
-
-    __slots__ = ("rows", "left", "fetched")
-
-    def __init__(self) -> None:
-        self.rows: list[int] = []  # the members being prefetched
-        self.left: list[int] = []  # members ``covered`` said to leave alone meanwhile
-        self.fetched = False  # the group was fetched (its members deposited)
-
-
 class _Group:
     """One shard range being fetched: ``[lo, hi)`` of its shard; the future's result is the
     range's bytes, or None when the group is on the shared tier (another worker fetched
@@ -281,12 +272,14 @@ class PackedStore(StoreWrapper):
         self.tier: SharedTier | None = None
         """The disk tier when worker processes share it: group fetches are claimed."""
         self._ranges: dict[tuple[int, int], _Group] = {}  # (shard, window) or (shard, -1 - row)
-        self._announced: dict[tuple[int, int], _Announced] = {}  # by (shard, window)
         # Groups fetched to the disk tier only (no room in memory), most recent last: a later
         # miss of one of their members (one the tier refused or evicted) fetches that member
         # alone, not the whole group again (which multiplied the bytes read: a dataset twice
         # the memory tier re-read half of itself per epoch).
         self._on_tier: OrderedDict[tuple[int, int], None] = OrderedDict()
+        # The last groups fetched, (start, bytes) by (shard, window): RECENT_GROUPS x
+        # range_bytes at most, held besides what the data cache holds of them.
+        self._recent: OrderedDict[tuple[int, int], tuple[int, bytes]] = OrderedDict()
         self._releasing: set[asyncio.Task[None]] = set()
         self.tier_hits = 0
         """Members read from the shared tier after another worker fetched their group."""
@@ -474,46 +467,10 @@ class PackedStore(StoreWrapper):
         return i, index.shard_of[i], index.data_at[i] // self._cfg.range_bytes
 
     def covered(self, key: str) -> bool:
-        """Whether ``key`` comes with another member's group: its group is being fetched, or
-        the data prefetcher is on its way to fetch another member of it (``fetching``). The
-        prefetcher then moves on to another group."""
+        """Whether ``key`` is being fetched with another member's group (the data prefetcher
+        then moves on to another group)."""
         w = self._window(key)
-        if w is None:
-            return False
-        i, shard, window = w
-        if (shard, window) in self._ranges:
-            return True
-        ann = self._announced.get((shard, window))
-        if ann is None or i in ann.rows:
-            return False
-        ann.left.append(i)  # looked at again if the group is not fetched after all
-        return True
-
-    def fetching(self, key: str, started: bool) -> list[str]:
-        """The data prefetcher starts (``started``) or ended a fetch of ``key``: while it
-        runs, the other members of its group are ``covered``. At the end, the members left
-        alone for it when its group was not fetched after all (the member was on the disk
-        tier, or fetched alone, or failed): the prefetcher looks at them again."""
-        w = self._window(key)
-        if w is None:
-            return []
-        i, shard, window = w
-        ann = self._announced.get((shard, window))
-        if started:
-            if ann is None:
-                self._announced[(shard, window)] = ann = _Announced()
-            ann.rows.append(i)
-            return []
-        if ann is None or i not in ann.rows:
-            return []
-        ann.rows.remove(i)
-        if ann.rows:  # another prefetch of the group is on its way
-            return []
-        del self._announced[(shard, window)]
-        index = self.index
-        if ann.fetched or index is None:
-            return []
-        return [self._source_prefix + index.path(j) for j in ann.left]
+        return w is not None and (w[1], w[2]) in self._ranges
 
     async def _member(self, index: PackIndex, i: int) -> bytes | memoryview | None:
         """Member ``i``'s verified bytes, a slice of its group's buffer (fetched with its
@@ -525,6 +482,14 @@ class PackedStore(StoreWrapper):
         a, b = self._group(index, i)
         lo, hi = index.data_at[a], index.data_at[b] + index.sizes[b]
         rkey = (shard_no, off // self._cfg.range_bytes)
+        recent = self._recent.get(rkey)
+        if recent is not None and recent[0] <= off and off + size <= recent[0] + len(recent[1]):
+            # Its group arrived a moment ago: a prefetch or READ of this member that began
+            # before the group's fetch ended (or before its neighbours were cached) takes its
+            # slice of that buffer instead of fetching the group again.
+            self._recent.move_to_end(rkey)
+            self.stats.recent_hits += 1
+            return self._verified(index, i, recent[1], recent[0])
         g = self._ranges.get(rkey)
         memory = g is not None or a == b or self.room is None or self.room(hi - lo)
         if (
@@ -555,6 +520,10 @@ class PackedStore(StoreWrapper):
                 raise
             else:
                 g.future.set_result(data)
+                if data is not None and a != b:
+                    self._recent[rkey] = (g.lo, data)
+                    if len(self._recent) > RECENT_GROUPS:
+                        self._recent.popitem(last=False)
                 if not memory and a != b:
                     self._on_tier[rkey] = None
                     if len(self._on_tier) > ON_TIER_GROUPS:
@@ -567,7 +536,12 @@ class PackedStore(StoreWrapper):
             data = await asyncio.shield(g.future)
         if data is None:  # another worker fetched the group: the members are on the tier
             return await self._from_tier(index, i)
-        body = memoryview(data)[off - g.lo : off - g.lo + size]
+        return self._verified(index, i, data, g.lo)
+
+    def _verified(self, index: PackIndex, i: int, data: bytes, lo: int) -> memoryview | None:
+        """Member ``i``'s slice of ``data`` (its shard's bytes from ``lo``) if its CRC holds."""
+        off = index.data_at[i]
+        body = memoryview(data)[off - lo : off - lo + index.sizes[i]]
         if zlib.crc32(body) != index.crcs[i]:
             self.stats.corrupt += 1
             log.warning("pack_member_corrupt", pack=self.url, path=index.path(i))
@@ -598,10 +572,6 @@ class PackedStore(StoreWrapper):
             self.stats.range_bytes += len(data)
             if a != b:
                 writes = self._deposit(index, a, b, g.lo, data, i, memory)
-                window = index.data_at[i] // self._cfg.range_bytes
-                ann = self._announced.get((index.shard_of[i], window))
-                if ann is not None:
-                    ann.fetched = True
             return data
         finally:
             if fd >= 0 and tier is not None:

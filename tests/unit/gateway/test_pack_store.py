@@ -311,8 +311,8 @@ async def test_keys_the_pack_does_not_hold_are_listed_with_the_index(tmp_path: P
 # -- issue 25: members without copies, the shared tier, whole groups prefetched -------------
 #
 # A ``PackedStore`` in front of the data layer as the composition root wires it
-# (``gateway.ops.server``: ``deposit``, ``room``, ``tier``, the prefetcher's ``covered`` and
-# ``fetching``), with one ``ObjectReader`` per simulated worker process; two workers share one
+# (``gateway.ops.server``: ``deposit``, ``room``, ``tier``, the prefetcher's ``covered``),
+# with one ``ObjectReader`` per simulated worker process; two workers share one
 # disk tier directory as in tests/unit/gateway/test_shared_cache.py (``flock`` claims conflict
 # between two open files of one process exactly as between two processes).
 
@@ -420,7 +420,9 @@ async def test_a_damaged_member_is_neither_served_nor_cached_from_the_shard() ->
     assert w.cached(store, group[5]) is None  # not deposited
     got = await w.read(store, group[5])  # from its own object, its right bytes
     assert bytes(got) == files[group[5]]
-    assert gets(store, "ds/c0/") == 1 and gets(store, "packs/ds/shard-") == 2  # + it alone
+    # The group's buffer (one of the last fetched) is checked again, no second range: the
+    # member's own object answers.
+    assert gets(store, "ds/c0/") == 1 and gets(store, "packs/ds/shard-") == 1
     assert w.packed.stats.corrupt == 2 and w.packed.stats.fallbacks == 1
     cached = w.cached(store, group[5])
     assert cached is not None and bytes(cached) == files[group[5]]
@@ -533,6 +535,7 @@ async def test_a_member_the_tier_lost_is_fetched_alone_not_with_its_group_again(
     o = store._objects[lost.encode()]
     entry = disk.path(disk_key(w.packed.name, lost, o.etag, 0, len(o.data)))
     await asyncio.to_thread(os.unlink, entry)
+    w.packed._recent.clear()  # later: the group is no longer among the last ones fetched
     assert bytes(await w.read(store, lost)) == files[lost]
     assert gets(store, "packs/ds/shard-") == 2
     assert w.packed.stats.range_bytes - group_bytes == len(files[lost])
@@ -587,28 +590,25 @@ async def test_the_prefetcher_fetches_whole_groups_and_walks_on_by_group() -> No
         names, bytes(len(names)), [len(o.data) for o in objs], [0] * len(names),
         [o.etag for o in objs],
     )  # fmt: skip
-    p.add_dir(w.packed, "ds/c0/", cols, w.packed.covered, w.packed.fetching)
+    p.add_dir(w.packed, "ds/c0/", cols, w.packed.covered)
     p.start()
     async with asyncio.timeout(10):
         while not p.idle or w.reader.stats.pending_fetch_bytes:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
-    # One GET per group, one prefetch per group (the walk moved on by group), and every
-    # member in memory as a slice of its group's buffer.
+    # One GET per group: prefetches of its members join its fetch while it runs (the walk
+    # skips those it covers) or take their slice of it after (the last groups' buffers);
+    # every member in memory as a slice of its group's buffer.
     assert gets(store, "packs/ds/shard-") == len(groups) and gets(store, "ds/") == 0
-    assert p.stats.objects == len(groups)
     for g in groups:
         bodies = [w.cached(store, k) for k in g]
         assert all(isinstance(x, memoryview) for x in bodies)
         assert len({id(x.obj) for x in bodies if isinstance(x, memoryview)}) == 1
         assert [bytes(x or b"") for x in bodies] == [files[k] for k in g]
-    assert w.packed._announced == {}
     await p.close()
 
 
-async def test_members_left_alone_for_a_group_not_fetched_are_prefetched_after_all() -> None:
-    """The first member of each group is in memory already (a group is then fetched alone:
-    the memory has no room for groups): the members the walk left alone while it was on its
-    way are looked at again, so every file is still prefetched."""
+async def test_without_room_for_groups_every_member_is_prefetched_alone() -> None:
+    """No room in memory for a group: members are fetched alone, none is skipped."""
     files = group_tree(30)
     store, _ = seeded(files)
     w = Worker(store, None)
@@ -622,7 +622,7 @@ async def test_members_left_alone_for_a_group_not_fetched_are_prefetched_after_a
         names, bytes(len(names)), [len(o.data) for o in objs], [0] * len(names),
         [o.etag for o in objs],
     )  # fmt: skip
-    p.add_dir(w.packed, "ds/c0/", cols, w.packed.covered, w.packed.fetching)
+    p.add_dir(w.packed, "ds/c0/", cols, w.packed.covered)
     p.start()
     async with asyncio.timeout(10):
         while not p.idle or w.reader.stats.pending_fetch_bytes:  # noqa: ASYNC110
@@ -630,3 +630,24 @@ async def test_members_left_alone_for_a_group_not_fetched_are_prefetched_after_a
     assert all(w.cached(store, k) is not None for k in files)
     assert gets(store, "packs/ds/shard-") == len(files)  # each alone
     await p.close()
+
+
+async def test_a_member_asked_for_just_after_its_group_arrived_takes_its_slice() -> None:
+    """A member whose group was just fetched but which did not reach the cache (its reader's
+    own fetch was in flight, so the neighbour was not deposited) is a slice of that buffer,
+    not a second GET of the group; a group that is no longer among the last ones is fetched
+    again."""
+    files = group_tree()
+    store, members = seeded(files)
+    group = groups_of(members)[0]
+    w = Worker(store, None)
+    await w.packed.load()
+    store.reset_counts()
+    await w.read(store, group[0])
+    o = store._objects[group[3].encode()]
+    got = await w.packed.get(group[3], if_match=o.etag)  # straight to the store: no cache
+    assert bytes(got.data) == files[group[3]] and gets(store, "packs/ds/shard-") == 1
+    assert w.packed.stats.recent_hits == 1
+    w.packed._recent.clear()
+    await w.packed.get(group[3], if_match=o.etag)
+    assert gets(store, "packs/ds/shard-") == 2
