@@ -887,16 +887,7 @@ def run(args: argparse.Namespace, with_ganesha: bool, ganesha_note: str) -> int:
             f"{report['attr_ttl_s']}; run took {report['runtime_s']:.0f} s; "
             f"{json_path} and {out_dir / 'table.md'}"
         )
-        bad = [
-            k
-            for k, r in results.items()
-            if r is not None
-            and (not r["listing"]["complete"] or any(e["errors"] for e in r["epochs"]))
-        ]
-        if bad:
-            print(f"FAILED checks (entries or bytes) on: {', '.join(bad)}")
-            return 1
-        return 0
+        return failed_checks(results)
     finally:
         signal.alarm(0)
 
@@ -935,6 +926,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=4 * 3600.0, help="whole run, seconds")
     p.add_argument("--inside-namespace", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def failed_checks(results: dict[str, dict[str, Any] | None]) -> int:
+    """1 (and the servers named) when a listing was incomplete or an epoch saw a wrong entry
+    or byte, else 0: the run's exit status."""
+    bad = [
+        k
+        for k, r in results.items()
+        if r is not None and (not r["listing"]["complete"] or any(e["errors"] for e in r["epochs"]))
+    ]
+    if bad:
+        print(f"FAILED checks (entries or bytes) on: {', '.join(bad)}")
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -526,16 +526,7 @@ def run(args: argparse.Namespace, with_ganesha: bool, ganesha_note: str) -> int:
         if report["ganesha"]:
             print(f"nfs-ganesha: {report['ganesha']}")
         print(f"run took {report['runtime_s']:.0f} s; {json_path} and {out_dir / 'table.md'}")
-        bad = [
-            k
-            for k, res in results.items()
-            if res is not None
-            and (not res["listing"]["complete"] or any(e["errors"] for e in res["epochs"]))
-        ]
-        if bad:
-            print(f"FAILED checks (entries or bytes) on: {', '.join(bad)}")
-            return 1
-        return 0
+        return si.failed_checks(results)
     finally:
         signal.alarm(0)
         sw.stop()

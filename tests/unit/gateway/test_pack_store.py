@@ -576,13 +576,9 @@ async def test_one_worker_with_room_keeps_the_neighbours_in_memory_only(tmp_path
     await disk.close()
 
 
-async def test_the_prefetcher_fetches_whole_groups_and_walks_on_by_group() -> None:
-    files = group_tree()
-    store, members = seeded(files)
-    groups = groups_of(members)
-    w = Worker(store, None)
-    await w.packed.load()
-    store.reset_counts()
+async def prefetched(w: Worker, store: MemoryStore, files: Mapping[str, bytes]) -> DataPrefetcher:
+    """A data prefetcher over ``w``'s packed export, told of the folder ``ds/c0/`` as the
+    server wires it, run until it has nothing left to do."""
     p = DataPrefetcher(w.reader)
     names = [k.removeprefix("ds/c0/") for k in sorted(files)]
     objs = [store._objects[k.encode()] for k in sorted(files)]
@@ -595,6 +591,17 @@ async def test_the_prefetcher_fetches_whole_groups_and_walks_on_by_group() -> No
     async with asyncio.timeout(10):
         while not p.idle or w.reader.stats.pending_fetch_bytes:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+    return p
+
+
+async def test_the_prefetcher_fetches_whole_groups_and_walks_on_by_group() -> None:
+    files = group_tree()
+    store, members = seeded(files)
+    groups = groups_of(members)
+    w = Worker(store, None)
+    await w.packed.load()
+    store.reset_counts()
+    p = await prefetched(w, store, files)
     # One GET per group: prefetches of its members join its fetch while it runs (the walk
     # skips those it covers) or take their slice of it after (the last groups' buffers);
     # every member in memory as a slice of its group's buffer.
@@ -615,18 +622,7 @@ async def test_without_room_for_groups_every_member_is_prefetched_alone() -> Non
     w.packed.room = lambda n: False  # no room for a group: members alone
     await w.packed.load()
     store.reset_counts()
-    p = DataPrefetcher(w.reader)
-    names = [k.removeprefix("ds/c0/") for k in sorted(files)]
-    objs = [store._objects[k.encode()] for k in sorted(files)]
-    cols = Columns(
-        names, bytes(len(names)), [len(o.data) for o in objs], [0] * len(names),
-        [o.etag for o in objs],
-    )  # fmt: skip
-    p.add_dir(w.packed, "ds/c0/", cols, w.packed.covered)
-    p.start()
-    async with asyncio.timeout(10):
-        while not p.idle or w.reader.stats.pending_fetch_bytes:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+    p = await prefetched(w, store, files)
     assert all(w.cached(store, k) is not None for k in files)
     assert gets(store, "packs/ds/shard-") == len(files)  # each alone
     await p.close()
