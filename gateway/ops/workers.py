@@ -286,10 +286,10 @@ class Supervisor:
                 try:
                     async with s.get("http://worker/healthz") as r:
                         ok = r.status == 200
-                    if ok and w.role.index == 0:
-                        await self._readiness(s)
                 except (aiohttp.ClientError, OSError, TimeoutError):
                     ok = False
+                if ok and w.role.index == 0:  # not a health miss if it fails or is slow
+                    await self._readiness(s)
                 misses = 0 if ok else misses + 1
                 if misses >= PROBE_MISSES and w.proc.returncode is None:
                     log.error("worker_wedged", worker=w.role.index, pid=w.pid, misses=misses)
@@ -299,10 +299,18 @@ class Supervisor:
     async def _readiness(self, s: Any) -> None:
         """Worker 0's ``/readyz`` reason (an export whose backend does not answer, a pack
         index loading: every worker sees the same backends) into the service's ``STATUS=``,
-        when it changes."""
-        async with s.get("http://worker/readyz") as r:
-            body = await r.json(content_type=None) if r.status in (200, 503) else {}
-        reason = "" if r.status == 200 else str(body.get("reason", "")) if body else ""
+        when it changes. A /readyz that fails or takes too long (it may wait for a backend
+        probe) changes nothing: it is asked again with the next health probe."""
+        import aiohttp
+
+        try:
+            async with s.get("http://worker/readyz") as r:
+                status = r.status
+                body = await r.json(content_type=None) if status in (200, 503) else {}
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
+            log.debug("readiness_poll_failed", error=repr(e))
+            return
+        reason = "" if status == 200 or not isinstance(body, dict) else str(body.get("reason", ""))
         if reason != self.not_ready:
             self.not_ready = reason
             self.notifier.status(self.status())
