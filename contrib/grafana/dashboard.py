@@ -194,12 +194,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         Panel("Data prefetcher state",
               "Files left to consider in listed directories this pass, files in flight, the "
               "concurrency limit (halved while the backend answers 503/SlowDown), 1 while "
-              "the cache has no room for more, and 1 while a client lists directories.", "short",
+              "the cache has no room for more, 1 while a client lists directories, and 1 while "
+              "READs find their files in memory (nothing to hide).", "short",
               (Q(gauge("nfsgw_prefetch_queued_files"), "files queued"),
                Q(gauge("nfsgw_prefetch_inflight"), "in flight"),
                Q(gauge("nfsgw_prefetch_concurrency"), "concurrency limit"),
                Q(gauge("nfsgw_prefetch_waiting_room"), "waiting for room"),
-               Q(gauge("nfsgw_prefetch_waiting_listing"), "waiting for a listing"))),
+               Q(gauge("nfsgw_prefetch_waiting_listing"), "waiting for a listing"),
+               Q(gauge("nfsgw_prefetch_waiting_hits"), "READs hit memory"))),
         Panel("Warm-up jobs and progress",
               "Warm-up jobs by state (nfsgw warmup / POST /v1/warmup), and the files and "
               "directories they get through per second.", "short",

@@ -108,6 +108,12 @@ class PrefetchConfig:
     reread_fraction: float = 0.01
     """A pass also ends once files read again in it (``gateway.data.prefetch``) reach this
     share of the files read in it."""
+    hit_pause: float = 0.97
+    """The prefetcher starts no new fetch while at least this share of the last
+    ``HIT_WINDOW`` first READs of the files it tracks found them in memory: READs are served,
+    and more prefetching would only take CPU from them (``gateway.data.prefetch``)."""
+    idle_open_s: float = 1.0
+    """... unless no such READ came for this long: spare time is the prefetcher's again."""
     max_dirs: int = 1_000_000
     """Directories tracked (their listing is the namespace's, not a copy: a reference and
     a bitmap of one bit per entry each)."""

@@ -231,9 +231,10 @@ class ObjectReader:
         self.warming: dict[tuple[str, str, str], asyncio.Future[tuple[str, int]]] = {}
         """Object versions being written to the disk tier by ``warm.warm_object`` (its
         single-flight: a warm-up job and the data prefetcher may ask for the same one)."""
-        self.on_open: Callable[[str, str], None] | None = None
-        """Called with (store name, key) at every READ at offset 0 of a small object (the
-        data prefetcher's record of what this pass has read)."""
+        self.on_open: Callable[[str, str, bool], None] | None = None
+        """Called with (store name, key, memory hit) at every READ at offset 0 of a small
+        object (the data prefetcher's record of what this pass has read, and of whether READs
+        find their files in memory)."""
         self._max_run = max(1, cfg.max_request_bytes // cfg.block_size)  # blocks per GET
         # Read-ahead lands in the cache's prefetch share: a window larger than half of it
         # would push its own blocks out before they are read.
@@ -315,7 +316,7 @@ class ObjectReader:
             if hit is not None:
                 return hit
             if offset == 0 and self.on_open is not None:
-                self.on_open(store.name, key)
+                self.on_open(store.name, key, False)
             self.stats.misses += 1
             bkey = (store.name, key, etag, 0)
             fut = self._join(bkey)
@@ -338,7 +339,7 @@ class ObjectReader:
         if data is None:
             return None
         if offset == 0 and self.on_open is not None:
-            self.on_open(store_name, key)
+            self.on_open(store_name, key, True)
         end = min(offset + count, size)
         stats = self.stats
         stats.hits += 1

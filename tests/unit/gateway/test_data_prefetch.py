@@ -14,11 +14,13 @@ end-to-end versions (SeaweedFS, libnfs, a 503 storm through a fault proxy) are i
 - Off (globally or per export): no GET before a READ, exactly one per file read.
 - Passes: one ends when most files were read, or when re-reads pile up (a hot set).
 - A client listing directories (READDIR) goes first: nothing is fetched until it is over.
+- READs served from memory pause it; a miss, or a second without READs, resumes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -272,19 +274,19 @@ def test_a_pass_ends_when_every_file_was_read_or_rereads_pile_up() -> None:
         cols = Columns(names, bytes(100), [10] * 100, [0] * 100, ["e"] * 100)
         p.add_dir(store, "d/", cols)
         for n in names[:99]:
-            p.note_open("s", "d/" + n)
+            p.note_open("s", "d/" + n, False)
         assert p.stats.passes == 0
-        p.note_open("s", "d/" + names[99])  # all of them
+        p.note_open("s", "d/" + names[99], False)  # all of them
         assert p.stats.passes == 1
         # A hot set of 50 files read over and over: re-reads end passes.
         for _ in range(4):
             for n in names[:50]:
-                p.note_open("s", "d/" + n)
+                p.note_open("s", "d/" + n, False)
         assert p.stats.passes >= 2
         # A decoder reading the header again right away is not a re-read.
         before = p.stats.passes
         for _ in range(100):
-            p.note_open("s", "d/" + names[50])
+            p.note_open("s", "d/" + names[50], False)
         assert p.stats.passes == before
         await p.close()
 
@@ -356,6 +358,42 @@ async def test_the_gateways_own_listings_do_not_pause_it(tmp_path: Path) -> None
         assert (await export.ns.readdir("c0", 0, 10)).entries
         await settle(gw)  # well within the 60 s a client's READDIR would pause it
         assert gets(gw.store) == Counter(list(files)) and p.stats.waiting_listing == 0
+
+
+async def test_reads_served_from_memory_pause_it_until_a_miss_or_idle_time(tmp_path: Path) -> None:
+    """A subset of a listed tree read again and again (the second epoch over 50,000 of
+    1.28M objects): while the READs find their files in memory, the prefetcher fetches
+    nothing more of the rest; two misses in the window, or idle time, resume it."""
+    files = tree(8, 24)
+    store = MemoryStore("mem", latency_s={"get": 0.02})
+    async with gateway(tmp_path, files, store=store, cache_prefetch_concurrency=1) as gw:
+        p = prefetcher(gw)
+        p._cfg = dataclasses.replace(p._cfg, idle_open_s=60.0)
+        _, handles = await scan(gw, 8)  # every class listed: the walk starts on c0
+        subset = sorted(handles)[::4]  # 48 files over every class
+        await read_all(gw, handles, files, subset)  # mostly misses: demand GETs
+        assert p.stats.waiting_hits == 0
+        await read_all(gw, handles, files, subset * 2)  # 96 memory hits: the window's 64
+        await until(lambda: p.stats.waiting_hits == 1 and p.stats.inflight == 0)
+        fetched = sum(gets(store).values())
+        await asyncio.sleep(0.3)  # 15 GETs' time at 20 ms each
+        assert sum(gets(store).values()) == fetched and p.stats.waiting_hits == 1
+        # Two files nobody fetched yet (the walk is in c0-c1): two misses resume it.
+        unfetched = [k for k in sorted(handles, reverse=True) if not gets(store)[k]][:2]
+        await read_all(gw, handles, files, unfetched, workers=1)
+        await until(lambda: sum(gets(store).values()) >= fetched + 2 + 5)
+        assert p.stats.waiting_hits == 0
+        # Paused again; with no READ for idle_open_s it resumes by itself.
+        p._cfg = dataclasses.replace(p._cfg, idle_open_s=0.3)
+        await read_all(gw, handles, files, subset * 2)
+        await until(lambda: p.stats.waiting_hits == 1 and p.stats.inflight == 0)
+        fetched = sum(gets(store).values())
+        await until(lambda: sum(gets(store).values()) >= fetched + 5)
+        assert p.stats.waiting_hits == 0
+        await settle(gw, timeout_s=30.0)  # the rest of the tree, each file once
+        assert gets(store) == Counter(list(files))
+        data = gw.gateway.reader.stats
+        assert data.ahead_wasted == 0
 
 
 def test_directories_relisted_while_queued_leave_a_bounded_queue() -> None:
