@@ -52,7 +52,6 @@ import re
 import sys
 import time
 import uuid
-import zlib
 from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Iterator
 from dataclasses import dataclass
@@ -66,6 +65,7 @@ from gateway.backend.base import (
     ObjectStore,
     PreconditionFailed,
 )
+from gateway.backend.checksums import crc32
 from gateway.namespace.paths import bad_name, key_order
 from gateway.pack.format import (
     BLOCK,
@@ -696,9 +696,9 @@ class Packer:
                         crc = 0
                     assert writer is not None
                     if len(data) > HASH_ON_LOOP_BYTES:
-                        crc = await asyncio.to_thread(zlib.crc32, data, crc)
+                        crc = await asyncio.to_thread(crc32, data, crc)
                     else:
-                        crc = zlib.crc32(data, crc)
+                        crc = crc32(data, crc)
                     await writer.write(data)
                     pending[0] += c.last
                     pending[1] += len(data)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import time
-import zlib
 from dataclasses import dataclass, field
 
 from gateway.backend.base import (
@@ -19,6 +18,7 @@ from gateway.backend.base import (
     ObjectNotFound,
     ObjectStore,
 )
+from gateway.backend.checksums import crc32
 from gateway.pack.format import (
     END_OF_ARCHIVE,
     INDEX_NAME,
@@ -159,9 +159,9 @@ async def verify(
                     n = min(range_size, at + size - pos)
                     data = await reader.take(pos, n)
                     if n > HASH_ON_LOOP_BYTES:
-                        crc = await asyncio.to_thread(zlib.crc32, data, crc)
+                        crc = await asyncio.to_thread(crc32, data, crc)
                     else:
-                        crc = zlib.crc32(data, crc)
+                        crc = crc32(data, crc)
                     pos += n
                 if crc != index.crcs[i]:
                     errors.append(

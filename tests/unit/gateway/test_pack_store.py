@@ -20,12 +20,13 @@ import os
 import random
 import tarfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.backend import checksums
 from gateway.backend.memory import MemoryStore
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
 from gateway.data.cache import ENTRY_OVERHEAD, is_mapping
@@ -403,7 +404,20 @@ async def test_a_group_is_one_get_and_its_members_are_slices_of_one_buffer() -> 
     assert gets(store, "packs/ds/shard-") == len(groups) and gets(store, "ds/") == 0
 
 
-async def test_a_damaged_member_is_neither_served_nor_cached_from_the_shard() -> None:
+@pytest.fixture(params=["compiled", "pure"])
+def crc_twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The members' CRC-32 as the compiled one (``gateway._checksums``) and as zlib's
+    (``NFSGW_PURE_PYTHON=1``): the same verdicts."""
+    monkeypatch.setenv("NFSGW_PURE_PYTHON", "1" if request.param == "pure" else "0")
+    checksums.compiled.cache_clear()
+    if request.param == "compiled" and checksums.compiled() is None:
+        pytest.skip("gateway._checksums is not built")
+    yield request.param
+    monkeypatch.undo()
+    checksums.compiled.cache_clear()
+
+
+async def test_a_damaged_member_is_neither_served_nor_cached_from_the_shard(crc_twin: str) -> None:
     files = group_tree()
     store, members = seeded(files)
     group = groups_of(members)[0]
