@@ -3,7 +3,7 @@ prefetch on and off, side by side in one run.
 
     .venv/bin/python benchmarks/data_prefetch.py [--files 5000] [--size 110000] [--epochs 3]
         [--latency-ms 20] [--clients 4] [--scenario a|b|both] [--prefetch-concurrency 24]
-        [--out DIR]
+        [--disk SIZE] [--out DIR]
 
 Set-up: a throw-away SeaweedFS (``loadgen.seaweed``) holding a deterministic ImageNet-like tree
 (``loadgen.dataset``: ``--files`` files in folders of 100, lognormal sizes of mean ``--size``
@@ -11,7 +11,8 @@ and sd a quarter of it, seed 0), uploaded straight to SeaweedFS; the delay proxy
 (``loadgen.proxy.DelayProxy``, run as ``nfsgw-loadgen proxy`` in its own process so its event
 loop does not share this process's GIL) adding ``--latency-ms`` to every request and counting
 them; then for each configuration a fresh ``nfsgw serve`` (``loadgen.gwprocess``: one process,
-read-only, immutable export, memory cache only) whose S3 endpoint is the proxy.
+read-only, immutable export, the default data cache: memory and the disk tier under the
+process's fresh state directory; ``--disk 0``: memory only) whose S3 endpoint is the proxy.
 
 Client: libnfs (``tests/libnfs.py``), independent of the gateway. First an ImageFolder-like scan
 from one connection (list the root, then every class folder, in order), then ``--clients``
@@ -332,7 +333,7 @@ def run_config(
     config = "on" if prefetch else "off"
     name = f"gw-{scenario}-{config}"
     shutil.rmtree(work / f"{name}-state", ignore_errors=True)
-    env = {k: v for k, v in os.environ.items() if k != "CACHE_DIRECTORY"}  # memory tier only
+    env = {k: v for k, v in os.environ.items() if k != "CACHE_DIRECTORY"}  # its tier: under its fresh state dir
     gw = GatewayProcess(
         work,
         [
@@ -350,7 +351,8 @@ def run_config(
                 {}
                 if a.prefetch_concurrency is None
                 else {"prefetch_concurrency": a.prefetch_concurrency}
-            ),
+            )
+            | ({} if a.disk is None else {"disk": a.disk}),
         },
         flags=[] if prefetch else ["--no-data-prefetch"],
         s3=Account(proxy.endpoint_url, sw.access_key, sw.secret_key),
@@ -671,6 +673,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scenario", choices=["a", "b", "both"], default="both")
     p.add_argument(
         "--prefetch-concurrency", type=int, default=None, help="default: the gateway's (32)"
+    )
+    p.add_argument(
+        "--disk",
+        default=None,
+        help="cache.disk (the disk tier's budget, 0: off); default: the gateway's (on, under "
+        "its state directory)",
     )
     p.add_argument("--seed", type=int, default=1, help="epoch orders")
     p.add_argument("--out", type=Path, default=OUT, help="results.json and the logs")
