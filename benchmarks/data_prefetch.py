@@ -333,7 +333,8 @@ def run_config(
     config = "on" if prefetch else "off"
     name = f"gw-{scenario}-{config}"
     shutil.rmtree(work / f"{name}-state", ignore_errors=True)
-    env = {k: v for k, v in os.environ.items() if k != "CACHE_DIRECTORY"}  # its tier: under its fresh state dir
+    # Not systemd's cache directory: its disk tier goes under its fresh state directory.
+    env = {k: v for k, v in os.environ.items() if k != "CACHE_DIRECTORY"}
     gw = GatewayProcess(
         work,
         [
