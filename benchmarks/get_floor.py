@@ -42,12 +42,12 @@ the body changed nothing); in a thread 127-186 µs (the hand-off costs more than
 no mechanism open to a Python client reaches 60 µs on this machine one GET at a time; see
 docs/benchmarks.md "A lean GET".
 
-Later, with the C engine (same machine, load average ~2, one run of 2 x 3 x 2,000): C alone
-35-47 µs (blocking loop 36-39, the engine with no hand-off 35-47: the wire's floor here); the
-engine handing GETs to the loop 108-129 µs at 1 in flight (two thread crossings per GET), 62-77
-at 8 in flight (batch or per-GET alike); the bare protocol with 8 in flight 50-57 (uvloop),
-57-62 (asyncio). A C engine on its own thread does not reach 60 µs here; 8 GETs in flight on
-the loop itself do, with nothing of a product in them.
+Later, with the C engine (same machine, load average ~1-2, two runs of 2 x 3 x 2,000): C alone
+35-55 µs (blocking loop 36-49, the engine with no hand-off 35-55: the wire's floor here); the
+engine handing GETs to the loop 98-142 µs at 1 in flight (two thread crossings per GET), 62-93
+at 8 in flight (batch or per-GET alike); the bare protocol with 8 in flight 50-69 (uvloop),
+57-90 (asyncio). A C engine on its own thread does not reach 60 µs here; 8 GETs in flight on
+the loop itself did in the quieter run, with nothing of a product in them.
 """
 
 from __future__ import annotations
