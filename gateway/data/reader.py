@@ -9,7 +9,7 @@ Two tiers: a fetch (single-flight, below) first asks the disk tier (``gateway.da
 its blocks, before it takes a GET slot; the blocks found are served and cached in memory as
 ``on_disk``; a ranged fetch is narrowed to the span of the missing ones. Blocks the backend
 returns are published to the disk tier when it admits them (in the background: a READ never
-waits for a disk write).
+waits for a disk write), except a pack member that one worker keeps in memory (``deposit``).
 
 Geometry
 --------
@@ -203,6 +203,11 @@ def _kept(body: bytes | memoryview | bytearray) -> bytes | memoryview:
     if type(body) is memoryview and (type(body.obj) is bytes or is_mapping(body)):
         return body
     return bytes(body)
+
+
+def _group_slice(body: bytes | memoryview) -> bool:
+    """A view of ``bytes``: a pack member, a slice of its group's buffer (``_kept``)."""
+    return type(body) is memoryview and type(body.obj) is bytes
 
 
 def same_etag(a: str, b: str) -> bool:
@@ -604,7 +609,10 @@ class ObjectReader:
             # the whole GET buffer, or evicting it would free nothing.
             chunk = data if whole else bytes(mv[lo - f.skip : hi - f.skip])
             on_disk = is_mapping(chunk)  # the disk tier's own entry (a pack's shared group)
-            if disk is not None and not on_disk and disk.admit(f.dkeys[i]):
+            # A pack member (a view of its group's buffer) that one worker keeps in memory is
+            # not written to its disk tier, as ``deposit`` does for the member's neighbours.
+            unless_kept = disk is not None and not disk.shared and _group_slice(chunk)
+            if disk is not None and not on_disk and not unless_kept and disk.admit(f.dkeys[i]):
                 swap = None
                 if disk.shared:
 
@@ -615,24 +623,30 @@ class ObjectReader:
 
                 writes.append(disk.publish(f.dkeys[i], chunk, swap))
                 on_disk = True
-            if f.cacheable and self._inflight.get(bkey) is p:
-                self._insert(f, bkey, p, chunk, on_disk=on_disk)
+            kept = f.cacheable and self._inflight.get(bkey) is p
+            if kept:
+                kept = self._insert(f, bkey, p, chunk, on_disk=on_disk)
+            if unless_kept and not kept and disk is not None and disk.admit(f.dkeys[i]):
+                writes.append(disk.publish(f.dkeys[i], chunk))
             p.future.set_result(chunk)
         return writes
 
     def _insert(
         self, f: _Fetch, bkey: BlockKey, p: _Pending, data: bytes | memoryview, on_disk: bool
-    ) -> None:
+    ) -> bool:
+        """Whether the memory tier kept it."""
         unread = not p.demanded
-        if not self._cache.insert(
+        kept = self._cache.insert(
             bkey,
             data,
             prefetched=unread and not f.ahead,
             on_disk=on_disk,
             whole=f.end is None,
             ahead=unread and f.ahead,
-        ) and (unread and f.ahead):
+        )
+        if not kept and unread and f.ahead:
             self.stats.ahead_dropped += 1
+        return kept
 
     def _fail(self, f: _Fetch, exc: BaseException | None) -> None:
         for _, p, _, _ in f.blocks:

@@ -519,7 +519,9 @@ async def test_neighbours_go_to_the_disk_tier_when_memory_has_no_room(tmp_path: 
     store.reset_counts()
     assert bytes(await w.read(store, group[0])) == files[group[0]]
     await disk.drain()
-    assert gets(store, "packs/ds/shard-") == 1 and disk.stats.writes == len(group)
+    # The neighbours on disk only; the member read, kept in memory, not written.
+    assert gets(store, "packs/ds/shard-") == 1 and disk.stats.writes == len(group) - 1
+    assert w.cached(store, group[0]) is not None
     assert all(w.cached(store, k) is None for k in group[1:])  # not in memory
     for key in group:
         assert bytes(await w.read(store, key)) == files[key]
@@ -575,18 +577,27 @@ async def test_a_group_is_not_fetched_for_a_disk_tier_whose_write_backlog_is_ful
     await disk.close()
 
 
-async def test_one_worker_with_room_keeps_the_neighbours_in_memory_only(tmp_path: Path) -> None:
+async def test_one_worker_with_room_keeps_the_group_in_memory_only(tmp_path: Path) -> None:
+    """One worker (the disk tier not shared), room in memory: neither the member a READ
+    fetched nor its neighbours are written to the disk tier (a write costs more CPU than the
+    rest of a member's cold path); every member is then a memory hit. A member memory does not
+    keep goes to the disk tier (``test_neighbours_go_to_the_disk_tier_when_memory_has_no_room``)."""
     files = group_tree()
     store, members = seeded(files)
     group = groups_of(members)[0]
     disk = await DiskStore.open(tmp_path / "c", DiskConfig(budget=256 * MiB, min_free=0))
-    assert disk is not None
+    assert disk is not None and not disk.shared
     w = Worker(store, disk)
     await w.packed.load()
-    await w.read(store, group[0])
+    store.reset_counts()
+    assert bytes(await w.read(store, group[0])) == files[group[0]]
     await disk.drain()
-    assert disk.stats.writes == 1  # the member asked for (the reader's own fetch)
+    assert disk.stats.writes == 0
     assert all(isinstance(w.cached(store, k), memoryview) for k in group)
+    for key in group:
+        assert bytes(await w.read(store, key)) == files[key]
+    assert gets(store, "packs/ds/shard-") == 1 and gets(store, "ds/") == 0
+    assert disk.stats.writes == 0
     await disk.close()
 
 
