@@ -1,5 +1,8 @@
-"""No import cycle among ``gateway/`` modules (issue 10), nor among ``nfsproto/`` or ``loadgen/``
-ones, counting every import: module level, function-local and ``if TYPE_CHECKING:`` ones alike.
+"""No import cycle among ``gateway/`` modules, nor among ``nfsproto/`` or ``loadgen/`` ones,
+counting every import: module level, function-local and ``if TYPE_CHECKING:`` ones alike; and
+the layer rules the modules' docstrings state ("must not import", docs/architecture.md
+"Layers") hold: a cycle or a layer crossed makes the layers unreadable, and nothing else
+catches an import added inside a function.
 
 Each ``<package>/**/*.py`` is parsed with ``ast`` (nothing is imported). ``import a.b.c`` and
 ``from a.b import c`` resolve to the module ``a.b.c`` when it exists, else to ``a.b`` (a package
@@ -163,6 +166,98 @@ def test_no_import_cycles(package: str) -> None:
     assert not found, "import cycles:\n" + "\n".join(
         "- " + " -> ".join(c) + "\n  " + describe(graph, c, package) for c in found
     )
+
+
+def imported_names(root: Path = ROOT, package: str = PACKAGE) -> dict[str, dict[str, int]]:
+    """module -> {every dotted name it imports, project or not: first line}. ``from X import n``
+    counts as ``X.n`` (a rule on ``X`` matches it too)."""
+    out: dict[str, dict[str, int]] = {}
+    for mod, path in module_files(root, package).items():
+        tree = ast.parse(path.read_text(), str(path))
+        names = out[mod] = {}
+        for candidates, line in _imports(tree, mod, path.name == "__init__.py"):
+            names.setdefault(candidates[0], line)
+    return out
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+# (importing modules, names they must not import, names allowed despite that). Each row is a
+# rule some module docstring states; docs/architecture.md "Layers" lists them for a reader.
+LAYER_RULES: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = [
+    # sans-I/O codecs: nothing of the project
+    (("nfsproto",), ("gateway", "loadgen", "tests", "asyncio", "socket"), ()),
+    # object stores know nothing of NFS nor of the layers that use them
+    (
+        ("gateway.backend",),
+        (
+            "nfsproto",
+            "gateway.namespace",
+            "gateway.data",
+            "gateway.writes",
+            "gateway.handlers",
+            "gateway.ops",
+            "gateway.pack",
+            "gateway.exports",
+            "gateway.registry",
+            "gateway.dispatch",
+            "gateway.transport",
+            "gateway.fastpath",
+        ),
+        (),
+    ),
+    (("gateway.handlers",), ("botocore", "boto3", "aiohttp"), ()),
+    (("gateway.writes",), ("nfsproto",), ()),
+    # the index: no write path, no exports, no wire types (the protocol's limits only)
+    (
+        ("gateway.namespace",),
+        ("gateway.writes", "gateway.exports", "nfsproto"),
+        ("nfsproto.limits",),
+    ),
+    (("gateway.settings",), ("gateway",), ()),
+    (("gateway.data.stats",), ("prometheus_client",), ()),
+    (
+        (
+            "gateway.ops.metrics",
+            "gateway.ops.metricdefs",
+            "gateway.ops.admin",
+            "gateway.ops.adminhttp",
+            "gateway.ops.fanout",
+            "gateway.ops.workers",
+            "gateway.ops.build",
+        ),
+        ("gateway.ops.server",),
+        (),
+    ),
+    (("gateway.ops.metrics", "gateway.ops.metricdefs"), ("gateway.ops.admin",), ()),
+    (("gateway",), ("loadgen", "tests"), ()),
+]
+
+
+@pytest.mark.parametrize("package", ["gateway", "nfsproto"])
+def test_layer_rules(package: str) -> None:
+    broken = []
+    for mod, names in sorted(imported_names(ROOT, package).items()):
+        for importers, banned, allowed in LAYER_RULES:
+            if not any(_under(mod, i) for i in importers):
+                continue
+            for name, line in sorted(names.items()):
+                if any(_under(name, b) for b in banned) and not any(
+                    _under(name, a) for a in allowed
+                ):
+                    path = module_files(ROOT, package)[mod].relative_to(ROOT)
+                    broken.append(f"{path}:{line}: {mod} imports {name}")
+    assert not broken, "layer rules broken:\n" + "\n".join(broken)
+
+
+def test_layer_rules_see_local_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from botocore.client import Config\n")
+    assert imported_names(tmp_path, "pkg")["pkg.a"] == {"botocore.client.Config": 2}
 
 
 if __name__ == "__main__":
