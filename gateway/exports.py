@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from gateway.backend import parse_store_url
+from gateway.backend import StoreUrlError, check_store_url
 from gateway.backend.base import ObjectStore
 from gateway.namespace import Namespace
 from gateway.settings import (
@@ -72,17 +72,9 @@ def _export_path(v: object) -> str:
 def _backend(v: object) -> str:
     s = string.parse(v)
     try:
-        u = parse_store_url(s)
-    except ValueError as e:
-        raise Invalid(str(e), 'use "s3://BUCKET/PREFIX/" or "file:///DIR"') from None
-    if u.scheme == "s3" and not re.fullmatch(r"[A-Za-z0-9._-]{1,255}", u.location):
-        raise Invalid(
-            f"{u.location!r} is not a bucket name", "bucket names are letters, digits, '.', '-'"
-        )
-    if not re.match(r"^(s3://[^/]+(/.*)?|file:///.+)$", s):
-        raise Invalid(
-            f"{s!r} is not s3://BUCKET[/PREFIX] or file:///DIR", 'e.g. "s3://datasets/imagenet/"'
-        )
+        check_store_url(s)
+    except StoreUrlError as e:
+        raise Invalid(str(e), e.hint) from None
     return s
 
 
@@ -90,9 +82,10 @@ def _pack(v: object) -> str | None:
     s = string.parse(v)
     if not s:
         return None
-    u = parse_store_url(_backend(s))
-    if u.scheme != "s3":
-        raise Invalid(f"{s!r}: a pack is in S3", 'e.g. "s3://datasets/packs/imagenet-train"')
+    try:
+        check_store_url(s, object_store=True)
+    except StoreUrlError as e:
+        raise Invalid(str(e), e.hint) from None
     return s
 
 

@@ -13,6 +13,20 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
+@dataclass(frozen=True, slots=True)
+class StoreTraits:
+    """What the layers above may decide from a store without knowing its kind's class or URL.
+
+    ``kind``: ``"s3"``, ``"local"``, ``"memory"`` (a pack's store forwards its bucket's).
+    ``latency_to_hide``: whether a request costs a round trip worth prefetching ahead of
+    READs (False for a local directory: the page cache holds its files, a prefetch would only
+    take CPU from READs). ``endpoint``: where requests go, as the startup probe logs it."""
+
+    kind: str
+    latency_to_hide: bool
+    endpoint: str
+
+
 class BackendError(Exception):
     """A backend request failed for good (after retries). Maps to NFS3ERR_IO."""
 
@@ -108,6 +122,9 @@ class ObjectStore(Protocol):
 
     name: str
 
+    @property
+    def traits(self) -> StoreTraits: ...
+
     async def list_page(
         self,
         prefix: str,
@@ -165,6 +182,10 @@ class StoreWrapper:
     def __init__(self, inner: ObjectStore) -> None:
         self.inner = inner
         self.name = inner.name
+
+    @property
+    def traits(self) -> StoreTraits:
+        return self.inner.traits
 
     async def list_page(
         self,

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Final
 
-from nfsproto.xdr import Buffer
+Buffer = bytes | bytearray | memoryview  # what the CRCs read
 
 # ------------------------------------------------------------------- the Python reference
 

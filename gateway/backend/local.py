@@ -74,6 +74,7 @@ from gateway.backend.base import (
     ObjectNotFound,
     PreconditionFailed,
     RequestObserver,
+    StoreTraits,
 )
 from gateway.backend.dirwatch import DirWatch, WatchToken
 
@@ -125,6 +126,8 @@ def _is_utf8(name: str) -> bool:
 class LocalStore:
     """``ObjectStore`` over the directory ``root``. ``workers`` bounds the threads doing
     file I/O; ``fsync=True`` makes put/complete durable before they return."""
+
+    traits = StoreTraits("local", latency_to_hide=False, endpoint="local")
 
     def __init__(
         self,

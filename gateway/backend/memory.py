@@ -33,6 +33,7 @@ from gateway.backend.base import (
     ObjectNotFound,
     PreconditionFailed,
     RequestObserver,
+    StoreTraits,
 )
 from gateway.clock import Clock, SystemClock
 
@@ -87,6 +88,9 @@ class MemoryStore:
     wait; writes wait, then apply. ``fail`` is called before each request and may return an
     exception to raise. ``seed`` adds objects without counting a request.
     """
+
+    # True like a remote store: the layers above treat the fake bucket as S3.
+    traits = StoreTraits("memory", latency_to_hide=True, endpoint="memory")
 
     def __init__(
         self,

@@ -74,6 +74,7 @@ from gateway.backend.base import (
     ObjectNotFound,
     PreconditionFailed,
     RequestObserver,
+    StoreTraits,
     Unchanged,
 )
 from gateway.backend.checksums import PYTHON_CRCS, Checksum, body_checksum, digest, fast_crcs
@@ -194,6 +195,11 @@ class S3Store:
         self.retry = retry or RetryPolicy()
         self.checksums = checksums or ChecksumPolicy()
         self._observer = observer
+        self.traits = StoreTraits(
+            "s3",
+            latency_to_hide=True,
+            endpoint=endpoint_url or f"AWS S3 ({region or 'region from the AWS chain'})",
+        )
         self._profile = profile
         self._region = region
         self._max_connections = max_connections

@@ -494,10 +494,7 @@ def _overlaps(ctx: _Ctx, exports: list[ExportConfig], idx: list[int]) -> None:
 
 def _space(url: str) -> tuple[str, str]:
     """(store, key prefix) an export URL covers, comparable by prefix."""
-    u = parse_store_url(url)
-    if u.scheme == "file":
-        return "file", u.location.rstrip("/") + "/"
-    return f"s3:{u.location}", u.prefix
+    return parse_store_url(url).space()
 
 
 def find_config_path(arg: str | None) -> Path | None:

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from gateway.backend import open_store, parse_store_url
+from gateway.backend import StoreUrlError, check_store_url, open_store, parse_store_url
 from gateway.backend.base import (
     BackendError,
     ListPage,
     ObjectNotFound,
     ObjectStore,
     PreconditionFailed,
+    StoreTraits,
+    StoreWrapper,
 )
 from gateway.backend.local import InvalidKey, LocalStore
+from gateway.backend.memory import MemoryStore
 
 
 async def list_all(
@@ -245,6 +249,30 @@ async def test_open_store_file_url(tmp_path: Path) -> None:
         open_store("file://otherhost/x")
     with pytest.raises(ValueError):
         open_store("ftp://x/y")
+
+
+async def test_traits_and_url_helpers(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}")
+    try:
+        assert store.traits == StoreTraits("local", latency_to_hide=False, endpoint="local")
+        assert StoreWrapper(store).traits is store.traits
+    finally:
+        await store.close()
+    assert MemoryStore().traits.latency_to_hide is True
+    s3 = parse_store_url("s3://bkt/a/b?region=x")
+    assert s3.space() == ("s3:bkt", "a/b/") and s3.canonical() == "s3://bkt/a/b/"
+    f = parse_store_url("file:///srv/data?create=1")
+    assert f.space() == ("file", "/srv/data/") and f.canonical() == "file:///srv/data?create=1"
+    assert check_store_url("s3://bkt/p/", object_store=True) == parse_store_url("s3://bkt/p/")
+    for url, says, object_store in (
+        ("ftp://x/y", "unsupported store URL", False),
+        ("s3://b%20d/", "is not a bucket name", False),
+        ("file://localhost/srv", "is not s3://BUCKET[/PREFIX] or file:///DIR", False),
+        ("file:///srv", "a pack is in S3", True),
+    ):
+        with pytest.raises(StoreUrlError, match=re.escape(says)) as e:
+            check_store_url(url, object_store=object_store)
+        assert e.value.hint
 
 
 def test_parse_s3_url() -> None:

@@ -59,3 +59,51 @@ async def test_open_store_passes_lean_http(monkeypatch: pytest.MonkeyPatch) -> N
         )
         assert isinstance(store, S3Store) and store._lean_http is want
         await store.close()
+
+
+def _settings(store: S3Store) -> tuple[object, ...]:
+    return (
+        store.name,
+        store.traits,
+        store.region,
+        store._style,
+        store._netloc,
+        store._profile,
+        store._max_connections,
+        store._lean_http,
+        store.retry,
+        store.checksums,
+        store._creds,
+    )
+
+
+async def test_open_store_takes_the_s3_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``open_store(url, s3=section)`` builds the store the server's keyword list builds;
+    a keyword given wins over the section."""
+    monkeypatch.delenv("NFSGW_S3_LEAN_HTTP", raising=False)
+    r = check_config(None, text=CONFIG.format(extra="max_connections = 7\nlean_http = false"))
+    assert r.config is not None, r.issues
+    ec, s3 = r.config.exports[0], r.config.s3
+    old = Server(r.config)._open_store(ec)
+    new = open_store(ec.backend, s3=s3)
+    wider = open_store(ec.backend, s3=s3, max_connections=40)
+    assert isinstance(old, S3Store) and isinstance(new, S3Store) and isinstance(wider, S3Store)
+    try:
+        assert _settings(new)[:-1] == _settings(old)[:-1]
+        assert new._max_connections == 7 and wider._max_connections == 40
+        assert new._lean_http is False
+        assert new.traits.endpoint == "http://127.0.0.1:1" and new.traits.latency_to_hide
+    finally:
+        for s in (old, new, wider):
+            await s.close()
+
+
+async def test_s3_traits_name_the_endpoint_as_the_probe_did() -> None:
+    """Without an endpoint the text names AWS and the region (or the chain that gives it)."""
+    for region, want in ((None, "AWS S3 (region from the AWS chain)"), ("eu-west-1", None)):
+        store = open_store("s3://b/p/", region=region)
+        try:
+            assert store.traits.kind == "s3"
+            assert store.traits.endpoint == (want or f"AWS S3 ({region})")
+        finally:
+            await store.close()
