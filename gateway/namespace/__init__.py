@@ -21,7 +21,7 @@ from gateway.namespace.config import NamespaceConfig
 from gateway.namespace.cookies import FIRST_COOKIE, cookie_hash
 from gateway.namespace.entries import DIR_SIZE, DirPage, Entry, EntryKind, NamespaceStats
 from gateway.namespace.handles import HandleCodec, fileid, load_or_create_secret
-from gateway.namespace.index import Namespace
+from gateway.namespace.index import NO_WATCHER, DirWatcher, Namespace
 from gateway.namespace.objmeta import (
     META_ATIME,
     META_CREATEVERF,
@@ -55,6 +55,7 @@ __all__ = [
     "META_SYMLINK",
     "META_TYPE",
     "META_UID",
+    "NO_WATCHER",
     "bad_name",
     "cookie_hash",
     "join_path",
@@ -63,6 +64,7 @@ __all__ = [
     "rdev_value",
     "split_path",
     "DirPage",
+    "DirWatcher",
     "Entry",
     "EntryKind",
     "HandleCodec",

@@ -115,6 +115,26 @@ class DirWatcher(Protocol):
     def browsing(self) -> None: ...
 
 
+class _NoWatcher:
+    """A ``DirWatcher`` told of nothing: an export without data prefetch."""
+
+    __slots__ = ()
+
+    def listed(self, store: ObjectStore, key_prefix: str, cols: Columns) -> None:
+        pass
+
+    def dropped(self, store: ObjectStore, key_prefix: str) -> None:
+        pass
+
+    def browsing(self) -> None:
+        pass
+
+
+NO_WATCHER: Final[DirWatcher] = _NoWatcher()
+"""The default ``Namespace`` watcher. With it, a directory listed ahead of the clients is not
+kept "unannounced" (there is nobody to announce it to): ``peek`` answers from it at once."""
+
+
 class Namespace:
     """The index of one export. See the module docstring for the rules."""
 
@@ -126,6 +146,7 @@ class Namespace:
         clock: Clock,
         config: NamespaceConfig | None = None,
         stats: NamespaceStats | None = None,
+        watcher: DirWatcher = NO_WATCHER,
     ) -> None:
         if prefix and not prefix.endswith("/"):
             raise ValueError("export prefix must be empty or end in '/'")
@@ -158,7 +179,8 @@ class Namespace:
         self.dir_attrs = DirAttrs(cfg.dir_times_max)
         self.moved = Moved(cfg.dir_times_max)
         self._root = self._dir_entry("", "")
-        self.watcher: DirWatcher | None = None
+        self.watcher = watcher
+        """Told of listings, drops and client READDIRs (the data prefetcher, or nobody)."""
         self.generation = 0
         """Bumped by every change that can alter an answer already given (a directory's
         children or attributes, a mutation, a drop): what the fast path (``gateway.fastpath``)
@@ -249,7 +271,7 @@ class Namespace:
         """``readdir``'s page as rows of the directory's columns (``directory.Rows``).
         ``client``: a client's READDIR asked for it (the watcher is told: a client listing
         goes before data prefetch); not the gateway's own walks (warm-up, handles, rmdir)."""
-        if client and self.watcher is not None:
+        if client:
             self.watcher.browsing()
         if dir_path:
             self._check_not_file(dir_path)
@@ -435,7 +457,7 @@ class Namespace:
             d.listing.ahead = False
         if d.unannounced:
             d.unannounced = False
-            if self.watcher is not None and d.cols is not None:
+            if d.cols is not None:
                 self.watcher.listed(self.store, d.key_prefix, d.cols)
 
     def _background_relist(self, d: Directory) -> None:
@@ -584,9 +606,9 @@ class Namespace:
         if partial:
             self.stats.truncated_dirs += 1
             log.warning("dir_truncated", dir=d.path, pages=lst.pages, entries=entries)
-        if self.watcher is not None and d.cols is not None:
-            if lst.ahead and not relist:  # no client asked yet: told on first use (_view)
-                d.unannounced = True
+        if d.cols is not None:
+            if lst.ahead and not relist and self.watcher is not NO_WATCHER:
+                d.unannounced = True  # no client asked yet: told on first use (_used)
             else:
                 self.watcher.listed(self.store, d.key_prefix, d.cols)
         self._evict()
@@ -799,8 +821,7 @@ class Namespace:
     def _drop(self, d: Directory) -> None:
         self.generation += 1
         del self._dirs[d.path]
-        if self.watcher is not None:
-            self.watcher.dropped(self.store, d.key_prefix)
+        self.watcher.dropped(self.store, d.key_prefix)
         self._account(-d.bytes, -d.count())
         self.stats.dirs = len(self._dirs)
 

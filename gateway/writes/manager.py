@@ -67,6 +67,11 @@ class WriteManager:
     def staged(self, export: Export, path: str) -> StagedFile | None:
         return self._staging.staged(export, path)
 
+    def staged_id(self, export_id: int, path: str) -> StagedFile | None:
+        """``staged`` by the export's id (``Export.id``): for a caller built before the
+        ``Export`` (the data prefetcher's skip predicate)."""
+        return self._staging.staged_id(export_id, path)
+
     def staged_under(self, export: Export, dir_path: str) -> list[StagedFile]:
         return self._staging.staged_under(export, dir_path)
 

@@ -123,6 +123,10 @@ class Staging:
     def staged(self, export: Export, path: str) -> StagedFile | None:
         return self._files.get((export.id, path))
 
+    def staged_id(self, export_id: int, path: str) -> StagedFile | None:
+        """``staged`` by the export's id (``Export.id``)."""
+        return self._files.get((export_id, path))
+
     def staged_under(self, export: Export, dir_path: str) -> list[StagedFile]:
         lead = f"{dir_path}/" if dir_path else ""
         return [

@@ -25,7 +25,7 @@ from gateway.backend.local import LocalStore
 from gateway.backend.memory import MemoryStore
 from gateway.clock import FakeClock
 from gateway.errors import NotFound
-from gateway.namespace import Entry, EntryKind, Namespace, NamespaceConfig
+from gateway.namespace import NO_WATCHER, DirWatcher, Entry, EntryKind, Namespace, NamespaceConfig
 from gateway.namespace.columns import Columns, fold
 from gateway.namespace.index import JITTER
 
@@ -43,7 +43,7 @@ def file_name(d: str, j: int) -> str:
 
 
 def make(
-    dirs: int = DIRS, files: int = FILES, **cfg: object
+    dirs: int = DIRS, files: int = FILES, *, watcher: DirWatcher = NO_WATCHER, **cfg: object
 ) -> tuple[MemoryStore, Namespace, FakeClock]:
     clock = FakeClock()
     store = MemoryStore(clock=clock)
@@ -54,7 +54,7 @@ def make(
     # The seeded files are years old: without age_ttl_factor=0 every TTL would start at the
     # maximum (the age rule has its own tests below).
     config = NamespaceConfig(**{"memory_bytes": 1 << 34, "age_ttl_factor": 0.0, **cfg})  # type: ignore[arg-type]
-    ns = Namespace(store, P, clock=clock, config=config)
+    ns = Namespace(store, P, clock=clock, config=config, watcher=watcher)
     ns._random.seed(11)
     return store, ns, clock
 
@@ -568,6 +568,8 @@ async def test_a_client_reading_folders_in_order_has_the_next_ones_listed_ahead(
     await ns.quiesce()
     assert store.requests["list"] - lists == 3
     assert all(ns._dirs[dir_name(i)].cols is not None for i in (1, 2))
+    # No watcher (NO_WATCHER): nobody to announce them to, so peek answers from them at once.
+    assert not any(ns._dirs[dir_name(i)].unannounced for i in (1, 2))
     await ns.readdir_rows(dir_name(1), 0, client=True)  # already listed: only 3 is started
     await ns.quiesce()
     assert ns.stats.listed_ahead == 3 and store.requests["list"] - lists == 4
@@ -601,14 +603,14 @@ async def test_folders_listed_ahead_reach_the_watcher_on_first_use() -> None:
         def browsing(self) -> None:
             pass
 
-    _store, ns, _clock = make(dirs=4, files=3, list_ahead=2)
     w = Watcher()
-    ns.watcher = w  # type: ignore[assignment]
+    _store, ns, _clock = make(dirs=4, files=3, list_ahead=2, watcher=w)
     await ns.readdir_rows("", 0, client=True)
     await ns.readdir_rows(dir_name(0), 0, client=True)
     await ns.quiesce()
     assert ns.stats.listed_ahead == 2
     assert w.listed_dirs == [P, f"{P}{dir_name(0)}/"]
+    assert ns._dirs[dir_name(2)].unannounced
     await ns.lookup(dir_name(2), file_name(dir_name(2), 1))  # first use of a folder listed ahead
     assert w.listed_dirs[-1] == f"{P}{dir_name(2)}/" and len(w.listed_dirs) == 3
     await ns.lookup(dir_name(2), file_name(dir_name(2), 2))  # told once

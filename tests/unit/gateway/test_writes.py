@@ -573,6 +573,9 @@ async def test_remove_drops_staged_writes(env: Env) -> None:
         if env.gateway.writes.stats.parts_streamed:
             break
         await asyncio.sleep(0.01)
+    rw = env.export("/rw")
+    staged = env.gateway.writes.staged(rw, "doomed")
+    assert staged is not None and env.gateway.writes.staged_id(rw.id, "doomed") is staged
     assert (await env.remove(b"doomed")).status == NfsStat3.NFS3_OK
     assert env.gateway.writes.staged(env.export("/rw"), "doomed") is None
     assert env.gateway.writes.spool.used_bytes == 0
