@@ -81,7 +81,7 @@ from gateway.backend.base import (
     PreconditionFailed,
 )
 from gateway.clock import Clock, SystemClock
-from gateway.data.cache import ENTRY_OVERHEAD
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.data.config import PrefetchConfig
 from gateway.data.events import FileOpened
 from gateway.data.reader import ObjectReader
@@ -447,7 +447,7 @@ class DataPrefetcher:
             key = d.prefix + d.cols.name(r)
             self._inflight += 1
             self._inflight_bytes += size
-            self._inflight_charge += size + ENTRY_OVERHEAD
+            self._inflight_charge += size + BLOCK_ENTRY_CHARGE_BYTES
             self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
             t = asyncio.get_running_loop().create_task(
                 self._one(d, r, key, d.cols.etag(r), size, where, tries), name="prefetch"
@@ -529,7 +529,7 @@ class DataPrefetcher:
 
     async def _room(self, size: int) -> str:
         """Where the next object can go ("memory" or "disk"), waiting until one has room."""
-        charge = size + ENTRY_OVERHEAD
+        charge = size + BLOCK_ENTRY_CHARGE_BYTES
         disk = self._reader.disk
         waited = False
         while True:
@@ -586,7 +586,7 @@ class DataPrefetcher:
         finally:
             self._inflight -= 1
             self._inflight_bytes -= size
-            self._inflight_charge -= size + ENTRY_OVERHEAD
+            self._inflight_charge -= size + BLOCK_ENTRY_CHARGE_BYTES
             self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
             self._freed.set()
         self._adapt(failed)

@@ -71,7 +71,7 @@ from gateway.backend.base import (
     ObjectStore,
     PreconditionFailed,
 )
-from gateway.data.cache import ENTRY_OVERHEAD, BlockKey, DataCache, is_mapping
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, BlockKey, DataCache, is_mapping
 from gateway.data.config import DataConfig
 from gateway.data.disk import DiskKey, DiskStore, disk_key
 from gateway.data.events import FileOpened
@@ -251,7 +251,7 @@ class ObjectReader:
         # Read-ahead lands in the cache's prefetch share: a window larger than half of it
         # would push its own blocks out before they are read.
         self._ra_max = min(cfg.max_readahead, cache.prefetch_cap_bytes // 2)
-        if self._ra_max < cfg.block_size + ENTRY_OVERHEAD or cfg.initial_readahead == 0:
+        if self._ra_max < cfg.block_size + BLOCK_ENTRY_CHARGE_BYTES or cfg.initial_readahead == 0:
             self._ra_max = 0
 
     @property

@@ -1,4 +1,4 @@
-"""Serving a packed dataset (issue 16): ``PackedStore`` is an export's ``ObjectStore`` that
+"""Serving a packed dataset: ``PackedStore`` is an export's ``ObjectStore`` that
 answers a whole-object GET of a packed object from its shard, everything else from the
 bucket, so the client sees the original tree and unmodified training code reads it.
 

@@ -1,4 +1,4 @@
-"""Data prefetch (issue 13) in-process: the gateway over a ``MemoryStore`` (requests counted,
+"""Data prefetch in-process: the gateway over a ``MemoryStore`` (requests counted,
 GETs slowed where a test needs a fetch in flight), called with whole RPC records. The
 end-to-end versions (SeaweedFS, libnfs, a 503 storm through a fault proxy) are in
 ``tests/integration/test_data_prefetch.py``.

@@ -1,4 +1,4 @@
-"""Serving a pack (issue 16) in-process: a pack written into a ``MemoryStore`` in the documented
+"""Serving a pack in-process: a pack written into a ``MemoryStore`` in the documented
 layout (``gateway.pack.format``; the tests of ``nfsgw pack`` itself run it against SeaweedFS in
 ``tests/integration/test_pack.py``), an export with ``pack = ...``, whole RPC records in.
 
@@ -28,7 +28,7 @@ import pytest
 from gateway.backend import checksums
 from gateway.backend.memory import MemoryStore
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
-from gateway.data.cache import ENTRY_OVERHEAD, is_mapping
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, is_mapping
 from gateway.data.config import DiskConfig
 from gateway.data.disk import DiskStore, disk_key
 from gateway.data.prefetch import DataPrefetcher
@@ -393,7 +393,7 @@ async def test_a_group_is_one_get_and_its_members_are_slices_of_one_buffer() -> 
         assert bytes(body) == files[key], key
     assert w.packed.stats.deposited == len(first) - 1
     # Charged its own length each (the buffer is not charged again per slice).
-    assert w.reader.cache.used_bytes == sum(len(files[k]) + ENTRY_OVERHEAD for k in first)
+    assert w.reader.cache.used_bytes == sum(len(files[k]) + BLOCK_ENTRY_CHARGE_BYTES for k in first)
     # Reading the whole group: no more GETs, every READ a memory hit.
     for key in first:
         assert bytes(await w.read(store, key)) == files[key]
