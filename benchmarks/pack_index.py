@@ -1,8 +1,8 @@
-"""Loading a pack index at ImageNet scale (issue 16, "Scale"): 1,281,167 members in 1,000
-folders, written with ``gateway.pack.format.format_index`` and gzipped as ``nfsgw pack``
-writes it, then parsed as the gateway does at start (``gateway.pack.store._parse``, in its
-thread); reports the parse time, the memory the index holds per member
-(``PackIndex.nbytes``) and the cost of one lookup by path.
+"""Loading a pack index at ImageNet scale (docs/packs.md, "Memory and load time"): 1,281,167
+members in 1,000 folders, written with ``gateway.pack.format.format_index`` and gzipped as
+``nfsgw pack`` writes it, then parsed as the gateway does at start
+(``gateway.pack.store._parse``, in its thread); reports the parse time, the memory the index
+holds per member (``PackIndex.nbytes``) and the cost of one lookup by path.
 
     .venv/bin/python benchmarks/pack_index.py [--members 1281167]
 

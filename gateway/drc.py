@@ -79,7 +79,7 @@ CACHED_PROCS: Final = frozenset(
 # What an entry costs besides its reply: the key tuple (host string, three ints, XID, a
 # 16-byte digest), the entry object and the OrderedDict node; measured with
 # sys.getsizeof at about 330 bytes on CPython 3.11, rounded up.
-ENTRY_OVERHEAD: Final = 400
+DRC_ENTRY_CHARGE_BYTES: Final = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,11 +218,11 @@ class DuplicateRequestCache:
             del self._running[key]
         if not task.cancelled() and task.exception() is None:
             reply, keep = task.result()
-            charge = len(reply) + ENTRY_OVERHEAD
+            charge = len(reply) + DRC_ENTRY_CHARGE_BYTES
             if keep and charge <= self.config.max_bytes:
                 old = self._done.pop(key, None)
                 if old is not None:
-                    self.stats.bytes -= len(old.reply) + ENTRY_OVERHEAD
+                    self.stats.bytes -= len(old.reply) + DRC_ENTRY_CHARGE_BYTES
                 self._done[key] = _Done(reply, self.clock.monotonic())
                 self.stats.bytes += charge
                 self.stats.stored += 1
@@ -238,7 +238,7 @@ class DuplicateRequestCache:
             if first.at >= limit:
                 break
             del done[key]
-            self.stats.bytes -= len(first.reply) + ENTRY_OVERHEAD
+            self.stats.bytes -= len(first.reply) + DRC_ENTRY_CHARGE_BYTES
             self.stats.evicted_age += 1
         self._count()
 
@@ -249,7 +249,7 @@ class DuplicateRequestCache:
             len(done) + len(self._running) > c.max_entries or self.stats.bytes > c.max_bytes
         ):
             _, first = done.popitem(last=False)
-            self.stats.bytes -= len(first.reply) + ENTRY_OVERHEAD
+            self.stats.bytes -= len(first.reply) + DRC_ENTRY_CHARGE_BYTES
             self.stats.evicted_space += 1
 
     def _count(self) -> None:

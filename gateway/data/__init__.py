@@ -10,14 +10,14 @@ shared by the worker processes, ``reader.py`` fetches (``slots.py`` bounds its G
 counters for ``gateway.ops.metrics``.
 """
 
-from gateway.data.cache import ENTRY_OVERHEAD, BlockKey, DataCache
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, BlockKey, DataCache
 from gateway.data.config import DataConfig, DiskConfig
 from gateway.data.disk import DiskStore, open_disk_tier
 from gateway.data.reader import ObjectReader
 from gateway.data.stats import DataStats, DiskStats
 
 __all__ = [
-    "ENTRY_OVERHEAD",
+    "BLOCK_ENTRY_CHARGE_BYTES",
     "BlockKey",
     "DataCache",
     "DataConfig",

@@ -85,9 +85,9 @@ entries go first, oldest first, and the prefetcher may evict them to make room
 (``room_for``), but never anything else: ``room_for`` also keeps the window's share free for
 demand READs. ``new_pass`` turns spent into ahead (O(entries), once per pass).
 
-Accounting: each entry is charged ``len(data) + ENTRY_OVERHEAD`` (dict slots, key tuple, entry
-tuple); a mapping of a disk-tier entry its whole mapping in pages (header and page rounding
-included: what it holds resident), divided by ``shared_by``. Entries are plain tuples of
+Accounting: each entry is charged ``len(data) + BLOCK_ENTRY_CHARGE_BYTES`` (dict slots, key
+tuple, entry tuple); a mapping of a disk-tier entry its whole mapping in pages (header and page
+rounding included: what it holds resident), divided by ``shared_by``. Entries are plain tuples of
 untracked values and an object's blocks are indexed without a set per object, so a cache of
 200,000 small files adds nothing to a full garbage collection
 (it added ~0.2 s to each: a stall of every call at ImageNet scale).
@@ -118,16 +118,19 @@ from gateway import fastwire
 from gateway.data.sketch import FrequencySketch, key_hash
 from gateway.data.stats import DataStats
 
-__all__ = ["BlockKey", "DataCache", "ENTRY_OVERHEAD"]
+__all__ = ["BLOCK_ENTRY_CHARGE_BYTES", "ENTRY_OVERHEAD", "BlockKey", "DataCache"]
 
 BlockKey = tuple[str, str, str, int]
 """(store name, object key, etag, block index)."""
 
 # Memory one entry costs besides its body, measured with tracemalloc on CPython 3.11 (20,000
 # inserts: index dict slot, segment OrderedDict node, key tuple, entry, per-object index slot,
-# sketch counters): ~575 B with an entry object and a set per object, ~307 B with today's
-# tuples (2026-11-24); kept at 640, plus the 33 B bytes header. Key strings are not counted.
-ENTRY_OVERHEAD: Final = 640
+# sketch counters): ~575 B with an entry object and a set per object, ~307 B with the tuples
+# used now; kept at 640 (room for the layout to grow back), plus the 33 B bytes header. Key
+# strings are not counted.
+BLOCK_ENTRY_CHARGE_BYTES: Final = 640
+ENTRY_OVERHEAD: Final = BLOCK_ENTRY_CHARGE_BYTES
+"""The old name, for tests/integration/test_data_prefetch.py and benchmarks/disk_cache.py."""
 
 WINDOW_MIN_ENTRIES: Final = 16
 BURST_ENTRIES: Final = 4
@@ -167,7 +170,7 @@ _Entry = tuple[bytes | memoryview, int, int, int, bool, bool]
 after its first young collection (a class instance stays tracked: 200,000 cached files made
 every full collection take ~0.2 s longer). Replaced whole when its segment or mark changes."""
 _DATA: Final = 0
-_CHARGE: Final = 1  # len(data) + ENTRY_OVERHEAD
+_CHARGE: Final = 1  # len(data) + BLOCK_ENTRY_CHARGE_BYTES
 _SEG: Final = 2
 _MARK: Final = 3
 """The cache's visit counter at the last counted visit (_UNVISITED: a read-ahead block or a
@@ -285,14 +288,6 @@ class DataCache:
         )
 
     @property
-    def ahead_bytes(self) -> int:
-        return self._ahead_bytes
-
-    @property
-    def spent_bytes(self) -> int:
-        return self._spent_bytes
-
-    @property
     def mappings(self) -> int:
         """Entries that are mappings of disk-tier files."""
         return self._mappings
@@ -307,10 +302,6 @@ class DataCache:
     def __contains__(self, bkey: object) -> bool:
         """Membership without touching recency or frequency."""
         return bkey in self._entries
-
-    def segment_bytes(self) -> tuple[int, int, int]:
-        """(window, main, prefetch) bytes, for tests and the admin API."""
-        return self._window_bytes, self._main_bytes, self._prefetch_bytes
 
     # -- the hot path --------------------------------------------------------------------
 
@@ -417,13 +408,13 @@ class DataCache:
         return True
 
     def charge_of(self, data: bytes | memoryview) -> int:
-        """What ``data`` costs the budget: its length plus ``ENTRY_OVERHEAD``; a mapping of a
-        shared disk-tier entry (``is_mapping``) its share of the pages, ``len / shared_by``:
+        """What ``data`` costs the budget: its length plus ``BLOCK_ENTRY_CHARGE_BYTES``; a mapping
+        of a shared disk-tier entry (``is_mapping``) its share of the pages, ``len / shared_by``:
         the worker processes that may map it hold one copy between them (module docstring,
         "Several workers")."""
         if is_mapping(data):
-            return mapped_size(data) // self._shared_by + ENTRY_OVERHEAD
-        return len(data) + ENTRY_OVERHEAD
+            return mapped_size(data) // self._shared_by + BLOCK_ENTRY_CHARGE_BYTES
+        return len(data) + BLOCK_ENTRY_CHARGE_BYTES
 
     def swap(self, bkey: BlockKey, old: bytes | memoryview, new: memoryview) -> bool:
         """Replace the body of ``bkey`` by ``new``, the same bytes as a mapping of the shared

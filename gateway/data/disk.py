@@ -99,7 +99,6 @@ import asyncio
 import contextlib
 import itertools
 import os
-import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -108,6 +107,7 @@ from typing import Final
 
 import structlog
 
+from gateway.clock import Clock, SystemClock
 from gateway.data import diskfile as files
 from gateway.data.config import DiskConfig
 from gateway.data.diskfile import DiskKey, disk_key
@@ -154,12 +154,13 @@ async def open_disk_tier(
     stats: DiskStats,
     *,
     shared: bool = False,
+    clock: Clock | None = None,
 ) -> DiskStore | None:
     """The composition root's call: the tier under ``resolve_cache_dir(...)``, or None
     (memory only, logged once with the reason). ``shared``: several worker processes use it
     (bodies served as mappings, fetches claimed: ``DiskStore``)."""
     cache_dir = resolve_cache_dir(configured, state_dir)
-    return await DiskStore.open(cache_dir, config, stats, shared=shared)
+    return await DiskStore.open(cache_dir, config, stats, shared=shared, clock=clock)
 
 
 def usable(cache_dir: Path, config: DiskConfig) -> str:
@@ -208,8 +209,10 @@ class DiskStore:
         stats: DiskStats,
         executor: ThreadPoolExecutor,
         shared: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         self.root = root
+        self._clock = clock if clock is not None else SystemClock()
         self.shared = shared
         """Several processes use the tier: bodies are mappings, fetches are claimed."""
         self.config = config
@@ -243,6 +246,7 @@ class DiskStore:
         stats: DiskStats | None = None,
         *,
         shared: bool = False,
+        clock: Clock | None = None,
     ) -> DiskStore | None:
         """The tier under ``cache_dir``, scanned and maintained; None (logged) when it is off
         or the directory cannot be used (see the module docstring for each case)."""
@@ -271,7 +275,7 @@ class DiskStore:
             budget = config.budget
         else:  # invariant under the tier's own writes: free space falls as the cache grows
             budget = max(0, int((sc.free + sc.used - min_free) * AUTO_SHARE))
-        self = cls(root, budget, min_free, config, stats, ex, shared)
+        self = cls(root, budget, min_free, config, stats, ex, shared, clock)
         self._apply_scan(sc)
         if self._used > budget:
             await self._shrink()
@@ -312,7 +316,7 @@ class DiskStore:
         return (
             not self._closed
             and self._used + nbytes <= self._budget
-            and time.monotonic() >= self._refuse_until
+            and self._clock.monotonic() >= self._refuse_until
             and self._fs_free - nbytes >= self._min_free
             and self._pending + nbytes <= self.config.max_pending_write_bytes
         )
@@ -376,7 +380,7 @@ class DiskStore:
                 return _NO_CLAIM
             if fd >= 0 or present:
                 return Claim(fd, present)
-            now = time.monotonic()
+            now = self._clock.monotonic()
             if not deadline:
                 deadline = now + self.config.claim_wait_s
                 self.stats.claim_waits += 1
@@ -437,7 +441,10 @@ class DiskStore:
         st = self.stats
         if self._closed or k.name in self._writing:
             return False
-        if time.monotonic() < self._refuse_until or self._fs_free - k.charge < self._min_free:
+        if (
+            self._clock.monotonic() < self._refuse_until
+            or self._fs_free - k.charge < self._min_free
+        ):
             st.refused_full += 1
             return False
         if self._pending + k.length > self.config.max_pending_write_bytes:
@@ -493,7 +500,7 @@ class DiskStore:
             self._fs_free = free
             if status == files.FULL:
                 st.refused_full += 1
-                self._refuse_until = time.monotonic() + 1.0
+                self._refuse_until = self._clock.monotonic() + 1.0
             elif status == files.PRESENT:
                 st.duplicate_fetches += 1  # charged by whoever wrote it, seen at the next scan
             else:
@@ -505,7 +512,7 @@ class DiskStore:
         except OSError as e:
             status = _FAILED
             st.write_errors += 1
-            self._refuse_until = time.monotonic() + ERROR_BACKOFF_S
+            self._refuse_until = self._clock.monotonic() + ERROR_BACKOFF_S
             self._log_error("disk_cache_write_failed", e)
         finally:
             self._writing.discard(k.name)
@@ -588,12 +595,12 @@ class DiskStore:
 
     async def _maintain(self) -> None:
         cfg = self.config
-        next_scan = time.monotonic() + cfg.rescan_interval_s
+        next_scan = self._clock.monotonic() + cfg.rescan_interval_s
         while True:
             await asyncio.sleep(min(cfg.touch_interval_s, cfg.rescan_interval_s))
             try:
                 await self.flush_touches()
-                now = time.monotonic()
+                now = self._clock.monotonic()
                 written = self._written_since_scan > self._budget * RESCAN_WRITTEN_SHARE
                 if now >= next_scan or written:
                     took = await self.rescan()

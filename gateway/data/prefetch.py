@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,8 +80,10 @@ from gateway.backend.base import (
     ObjectStore,
     PreconditionFailed,
 )
-from gateway.data.cache import ENTRY_OVERHEAD
+from gateway.clock import Clock, SystemClock
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.data.config import PrefetchConfig
+from gateway.data.events import FileOpened
 from gateway.data.reader import ObjectReader
 from gateway.data.warm import warm_object
 from gateway.errors import VersionChanged
@@ -194,8 +195,11 @@ class DataPrefetcher:
         pressure: Callable[[], int] | None = None,
         stats: PrefetchStats | None = None,
         share: tuple[int, int] = (0, 1),
+        opened: FileOpened | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._reader = reader
+        self._clock = clock if clock is not None else SystemClock()
         self._cache = reader.cache
         self._cfg = cfg = config if config is not None else PrefetchConfig()
         self._memory = memory
@@ -238,6 +242,8 @@ class DataPrefetcher:
         self._runner: asyncio.Task[None] | None = None
         self._cache.epochs = memory
         self.stats.concurrency = self._limit
+        if opened is not None:  # the READs it counts (``note_open``)
+            opened.subscribe(self)
 
     # -- the namespace's side (DirWatcher) ------------------------------------------------
 
@@ -360,7 +366,7 @@ class DataPrefetcher:
             self._misses += 1
             if self._misses > self._served_misses:
                 self._missed.set()
-        self._last_open = time.monotonic()
+        self._last_open = self._clock.monotonic()
 
     def _served(self, now: float) -> bool:
         """READs find their files in memory (module docstring, "Only while READs miss")."""
@@ -372,7 +378,7 @@ class DataPrefetcher:
 
     def browsing(self) -> None:
         """A client asked for a READDIR page: let listings go first for a while."""
-        self._browse_until = time.monotonic() + self._cfg.browse_quiet_s
+        self._browse_until = self._clock.monotonic() + self._cfg.browse_quiet_s
 
     def _new_pass(self) -> None:
         self.stats.passes += 1
@@ -416,7 +422,7 @@ class DataPrefetcher:
 
     async def _run(self) -> None:
         while True:
-            if time.monotonic() - self._gauges_at > GAUGES_EVERY_S:
+            if self._clock.monotonic() - self._gauges_at > GAUGES_EVERY_S:
                 self._update_gauges()
             item = self._next()
             if item is False:
@@ -441,7 +447,7 @@ class DataPrefetcher:
             key = d.prefix + d.cols.name(r)
             self._inflight += 1
             self._inflight_bytes += size
-            self._inflight_charge += size + ENTRY_OVERHEAD
+            self._inflight_charge += size + BLOCK_ENTRY_CHARGE_BYTES
             self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
             t = asyncio.get_running_loop().create_task(
                 self._one(d, r, key, d.cols.etag(r), size, where, tries), name="prefetch"
@@ -454,7 +460,7 @@ class DataPrefetcher:
         from memory."""
         stats = self.stats
         while True:
-            now = time.monotonic()
+            now = self._clock.monotonic()
             if now < self._pause_until:
                 await asyncio.sleep(self._pause_until - now)
             elif now < self._browse_until:
@@ -478,7 +484,7 @@ class DataPrefetcher:
         first queued directory; None when there is none, False when ``SCAN_ROWS`` rows were
         looked at without finding one (the caller yields to the event loop, then asks again)."""
         retry = self._retry
-        while retry and retry[0][0] <= time.monotonic():
+        while retry and retry[0][0] <= self._clock.monotonic():
             _, d, r, tries = retry.popleft()
             if self._dirs.get((d.store.name, d.prefix)) is d and self._wanted(d, r):
                 return d, r, tries
@@ -509,7 +515,7 @@ class DataPrefetcher:
             self._unqueue(d)
             queue.popleft()
         if retry:  # only retries left, not due yet: look again then
-            delay = retry[0][0] - time.monotonic()
+            delay = retry[0][0] - self._clock.monotonic()
             asyncio.get_running_loop().call_later(max(delay, 0.0), self._wake.set)
         return None
 
@@ -523,18 +529,18 @@ class DataPrefetcher:
 
     async def _room(self, size: int) -> str:
         """Where the next object can go ("memory" or "disk"), waiting until one has room."""
-        charge = size + ENTRY_OVERHEAD
+        charge = size + BLOCK_ENTRY_CHARGE_BYTES
         disk = self._reader.disk
         waited = False
         while True:
             if self._memory and self._cache.room_for(self._inflight_charge + charge):
                 where = "memory"
                 break
-            if disk is not None and time.monotonic() >= self._disk_full_until:
+            if disk is not None and self._clock.monotonic() >= self._disk_full_until:
                 if disk.has_room(size + 4096):
                     where = "disk"
                     break
-                self._disk_full_until = time.monotonic() + 5.0
+                self._disk_full_until = self._clock.monotonic() + 5.0
             if not waited:
                 waited = True
                 self.stats.waiting_room = 1
@@ -556,7 +562,7 @@ class DataPrefetcher:
             else:
                 outcome, _ = await warm_object(self._reader, d.store, key, etag, size)
                 if outcome == "budget":
-                    self._disk_full_until = time.monotonic() + 5.0
+                    self._disk_full_until = self._clock.monotonic() + 5.0
                 if outcome != "written":
                     return
                 stats.disk_objects += 1
@@ -570,7 +576,7 @@ class DataPrefetcher:
             if tries + 1 < self._cfg.attempts and self._cfg.max_retries:
                 if len(self._retry) >= self._cfg.max_retries:
                     self._retry.popleft()
-                due = time.monotonic() + self._cfg.retry_after_s * (tries + 1)
+                due = self._clock.monotonic() + self._cfg.retry_after_s * (tries + 1)
                 self._retry.append((due, d, r, tries + 1))
                 self._wake.set()
             if stats.errors == 1 or stats.errors % 1000 == 0:
@@ -580,7 +586,7 @@ class DataPrefetcher:
         finally:
             self._inflight -= 1
             self._inflight_bytes -= size
-            self._inflight_charge -= size + ENTRY_OVERHEAD
+            self._inflight_charge -= size + BLOCK_ENTRY_CHARGE_BYTES
             self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
             self._freed.set()
         self._adapt(failed)
@@ -600,7 +606,7 @@ class DataPrefetcher:
                 self.stats.concurrency = self._limit
 
     def _back_off(self) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if now < self._pause_until:
             return  # one back-off per pause
         self.stats.backoffs += 1
@@ -611,7 +617,7 @@ class DataPrefetcher:
         self.stats.concurrency = self._limit
 
     def _update_gauges(self) -> None:
-        self._gauges_at = time.monotonic()
+        self._gauges_at = self._clock.monotonic()
         s = self.stats
         s.dirs = len(self._dirs)
         s.queued_dirs = self._queued

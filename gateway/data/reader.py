@@ -71,9 +71,10 @@ from gateway.backend.base import (
     ObjectStore,
     PreconditionFailed,
 )
-from gateway.data.cache import ENTRY_OVERHEAD, BlockKey, DataCache, is_mapping
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, BlockKey, DataCache, is_mapping
 from gateway.data.config import DataConfig
 from gateway.data.disk import DiskKey, DiskStore, disk_key
+from gateway.data.events import FileOpened
 from gateway.data.slots import FetchSlots
 from gateway.data.stats import DataStats
 from gateway.errors import IoError, VersionChanged
@@ -214,6 +215,13 @@ def same_etag(a: str, b: str) -> bool:
     return a == b or a.strip('"') == b.strip('"')
 
 
+class _Callback:
+    """An ``OpenListener`` made of a callable (``ObjectReader.on_open``)."""
+
+    def __init__(self, fn: Callable[[str, str, bool], None]) -> None:
+        self.note_open = fn
+
+
 class ObjectReader:
     """Serves READs of object versions from ``cache``, fetching what is missing."""
 
@@ -223,9 +231,12 @@ class ObjectReader:
         config: DataConfig | None = None,
         stats: DataStats | None = None,
         disk: DiskStore | None = None,
+        *,
+        opened: FileOpened | None = None,
     ) -> None:
         self._cache = cache
         self._disk = disk
+        self._opened = opened if opened is not None else FileOpened()
         self._cfg = cfg = config if config is not None else DataConfig()
         self.stats = stats if stats is not None else cache.stats
         self._inflight: dict[BlockKey, _Pending] = {}
@@ -236,16 +247,30 @@ class ObjectReader:
         self.warming: dict[tuple[str, str, str], asyncio.Future[tuple[str, int]]] = {}
         """Object versions being written to the disk tier by ``warm.warm_object`` (its
         single-flight: a warm-up job and the data prefetcher may ask for the same one)."""
-        self.on_open: Callable[[str, str, bool], None] | None = None
-        """Called with (store name, key, memory hit) at every READ at offset 0 of a small
-        object (the data prefetcher's record of what this pass has read, and of whether READs
-        find their files in memory)."""
         self._max_run = max(1, cfg.max_request_bytes // cfg.block_size)  # blocks per GET
         # Read-ahead lands in the cache's prefetch share: a window larger than half of it
         # would push its own blocks out before they are read.
         self._ra_max = min(cfg.max_readahead, cache.prefetch_cap_bytes // 2)
-        if self._ra_max < cfg.block_size + ENTRY_OVERHEAD or cfg.initial_readahead == 0:
+        if self._ra_max < cfg.block_size + BLOCK_ENTRY_CHARGE_BYTES or cfg.initial_readahead == 0:
             self._ra_max = 0
+
+    @property
+    def opened(self) -> FileOpened:
+        """Told (store name, key, memory hit) at every READ at offset 0 of a small object
+        (the data prefetcher's record of what this pass has read, and of whether READs find
+        their files in memory)."""
+        return self._opened
+
+    @property
+    def on_open(self) -> Callable[[str, str, bool], None] | None:
+        """Compatibility with the wiring that sets it after construction (ops/server.py):
+        setting it subscribes the callable to ``opened``. Pass ``opened=`` instead."""
+        return self._opened.note_open if self._opened.listening else None
+
+    @on_open.setter
+    def on_open(self, fn: Callable[[str, str, bool], None] | None) -> None:
+        if fn is not None:
+            self._opened.subscribe(_Callback(fn))
 
     @property
     def cache(self) -> DataCache:
@@ -320,8 +345,8 @@ class ObjectReader:
             hit = self.read_cached(store.name, key, etag, size, offset, count)
             if hit is not None:
                 return hit
-            if offset == 0 and self.on_open is not None:
-                self.on_open(store.name, key, False)
+            if offset == 0 and self._opened.listening:
+                self._opened.note_open(store.name, key, False)
             self.stats.misses += 1
             bkey = (store.name, key, etag, 0)
             fut = self._join(bkey)
@@ -343,8 +368,8 @@ class ObjectReader:
         data = self._cache.lookup((store_name, key, etag, 0))
         if data is None:
             return None
-        if offset == 0 and self.on_open is not None:
-            self.on_open(store_name, key, True)
+        if offset == 0 and self._opened.listening:
+            self._opened.note_open(store_name, key, True)
         end = min(offset + count, size)
         stats = self.stats
         stats.hits += 1

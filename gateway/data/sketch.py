@@ -68,10 +68,6 @@ class FrequencySketch:
         """Number of cache entries the table is sized for."""
         return self._capacity
 
-    @property
-    def table_bytes(self) -> int:
-        return len(self._table)
-
     def _resize(self, capacity: int) -> None:
         bits = max(_MIN_BITS, min(_MAX_BITS, (capacity * _COUNTERS_PER_ENTRY - 1).bit_length()))
         if bits > self._bits and self._table:

@@ -1,4 +1,4 @@
-"""The pack format (issue 16; documented for users in docs/packs.md): shards that are plain
+"""The pack format (documented for users in docs/packs.md): shards that are plain
 POSIX tar archives, and one index naming, for every packed object, where its bytes are.
 
 Owns: the layout of a pack under its prefix, the tar member header, the index's text form

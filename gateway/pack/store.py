@@ -1,13 +1,14 @@
-"""Serving a packed dataset (issue 16): ``PackedStore`` is an export's ``ObjectStore`` that
+"""Serving a packed dataset: ``PackedStore`` is an export's ``ObjectStore`` that
 answers a whole-object GET of a packed object from its shard, everything else from the
 bucket, so the client sees the original tree and unmodified training code reads it.
 
 Owns: loading the index (``load``: a HEAD and a GET each of the index and the unpacked keys,
-a LIST of the shards, parses off the event loop), deciding per GET
-whether the shard may answer it, the shard range fetches (single-flight per range) and their
-checks, and listings from the index (``list_from_index``: immutable exports, 0 LIST
-requests). Must not: cache or write the disk tier (neighbours go to the data layer through
-``deposit``), copy a member out of its group's buffer, or serve bytes it has not verified.
+a LIST of the shards, parses off the event loop), deciding per GET whether the shard may
+answer it, the shard range fetches (single-flight per range) and their checks, and listings
+from the index (``list_from_index``: immutable exports, 0 LIST requests). Must not: cache or
+write the disk tier (neighbours go to the data layer through ``tiers``,
+``gateway.pack.tiers``), copy a member out of its group's buffer, or serve bytes it has not
+verified.
 
 - **Until the index is loaded.** Listings from the index wait for it: a listing asked for
   while ``load`` runs (a client that mounted as the gateway started) waits until the index is
@@ -27,27 +28,27 @@ requests). Must not: cache or write the disk tier (neighbours go to the data lay
   epoch costs ~0.013 GET per file), as one range from the first's data to the last's end.
   Groups do not overlap, so no byte is fetched twice; concurrent GETs of members of one group
   share its fetch, and ``covered`` tells the data prefetcher to move on to the next group. When
-  ``room`` says the memory tier has no space for the group (a dataset larger than memory),
-  its neighbours go to the disk tier only (``disk_room``: if it has space), so they do not
-  push each other out of memory unread; with space in neither, only the member itself is
-  fetched: neighbours evicted unread would multiply the bytes read.
+  ``tiers.memory_room`` says the memory tier has no space for the group (a dataset larger
+  than memory), its neighbours go to the disk tier only (``tiers.disk_room``: if it has
+  space), so they do not push each other out of memory unread; with space in neither, only
+  the member itself is fetched: neighbours evicted unread would multiply the bytes read.
 - **No copies.** The group is received once, into one ``bytes`` buffer; every member is a
   read-only ``memoryview`` slice of it (``.obj`` is the group's buffer), checked against its
   CRC-32 on the slice (``checksums.crc32``: the compiled one, ~3 µs per 110 kB where zlib's
   took ~30, the largest share of the pack's own CPU in a cold epoch; zlib's under
   ``NFSGW_PURE_PYTHON=1``, the same values), returned (the member asked for) or handed to
-  ``deposit`` (the neighbours), which keeps the slice in memory as prefetched data if the cache
-  has room, and publishes it to the disk tier when workers share it or memory has no room. The
-  memory tier charges each slice its own length; the group's buffer lives as long as any slice
-  of it does (cached, or in a reply being written). The bytes of evicted members still held
-  that way are bounded by the cache (``DataCache``, "Slices of a shared buffer": past
-  ``slack_bytes`` the survivors of the buffers holding most are copied out and the buffers
-  freed); with a shared disk tier (``--workers`` > 1) each slice is swapped for a mapping of
-  its entry once published, so the buffer goes within milliseconds.
-- **Shared tier.** With a disk tier shared by several workers (``deposit`` publishes the
-  neighbours to it) the other worker processes find the members there, and a group fetch is
-  also *claimed* among them (``tier``, a ``SharedTier``), like the data layer's fetches
-  (``DiskStore.claim``): a lock stripe of the disk tier named after the group's range, held
+  ``tiers.deposit`` (the neighbours), which keeps the slice in memory as prefetched data if
+  the cache has room, and publishes it to the disk tier when workers share it or memory has
+  no room. The memory tier charges each slice its own length; the group's buffer lives as
+  long as any slice of it does (cached, or in a reply being written). The bytes of evicted
+  members still held that way are bounded by the cache (``DataCache``, "Slices of a shared
+  buffer": past ``slack_bytes`` the survivors of the buffers holding most are copied out and
+  the buffers freed); with a shared disk tier (``--workers`` > 1) each slice is swapped for a
+  mapping of its entry once published, so the buffer goes within milliseconds.
+- **Shared tier.** With a disk tier shared by several workers (``tiers.deposit`` publishes
+  the neighbours to it) the other worker processes find the members there, and a group fetch
+  is also *claimed* among them (``tiers.shared``, a ``SharedTier``), like the data layer's
+  fetches (``DiskStore.claim``): a lock stripe of the disk tier named after the group's range, held
   from before the GET until the neighbours' entries are written. A worker wanting a member
   of a group another one is fetching waits for it, then reads its member from the tier (0
   GETs: ``tier_hits``); if it is not there, it fetches the group itself. The reader asking
@@ -69,13 +70,12 @@ from __future__ import annotations
 import asyncio
 import gzip
 import io
-import os
 import time
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final, Protocol, cast
+from typing import Final, cast
 
 import structlog
 
@@ -89,8 +89,6 @@ from gateway.backend.base import (
     StoreWrapper,
 )
 from gateway.backend.checksums import crc32
-from gateway.data import diskfile
-from gateway.data.disk import DiskStore, disk_key
 from gateway.pack.format import (
     INDEX_NAME,
     UNPACKED_NAME,
@@ -100,8 +98,24 @@ from gateway.pack.format import (
     parse_index,
     parse_unpacked,
 )
+from gateway.pack.tiers import (
+    NO_TIERS,
+    Deposit,
+    NeighbourTiers,
+    SharedTier,
+    TierClaims,
+    _AssignedTiers,
+)
 
-__all__ = ["PackConfig", "PackStats", "PackedStore", "SharedTier", "TierClaims"]
+__all__ = [
+    "NO_TIERS",
+    "NeighbourTiers",
+    "PackConfig",
+    "PackStats",
+    "PackedStore",
+    "SharedTier",
+    "TierClaims",
+]
 
 log = structlog.get_logger("nfsgw.pack")
 
@@ -153,74 +167,6 @@ class PackStats:
     index_bytes: int = 0
 
 
-Deposit = Callable[[str, str, memoryview, bool], "Awaitable[bool] | None"]
-"""(key, etag, verified slice of the group's buffer, memory) of a neighbour, for the data
-layer to keep in memory if it can (``memory``: the memory tier had room for the group) and to
-publish to the disk tier; returns the publishing (None when nothing is written), which the
-group's claim waits for."""
-
-
-class SharedTier(Protocol):
-    """The disk tier as a group fetch uses it when worker processes share it (``TierClaims``):
-    members named as the data layer names a whole small object's entry."""
-
-    def stripe(self, key: str, etag: str, size: int) -> str:
-        """The lock stripe of the member's entry (two claims on one stripe exclude each
-        other, in one process too)."""
-        ...
-
-    async def claim(self, key: str, etag: str, size: int) -> tuple[int, bool]:
-        """One attempt, without waiting: (fd, False) held (``release`` it), (-1, True) the
-        entry is there, (-1, False) another holder."""
-        ...
-
-    def release(self, fd: int) -> None: ...
-
-    async def has(self, key: str, etag: str, size: int) -> bool: ...
-
-    async def read(self, key: str, etag: str, size: int) -> bytes | memoryview | None: ...
-
-
-class TierClaims:
-    """``SharedTier`` over a shared ``DiskStore`` whose entries the data layer names with
-    ``store_name``; ``mapped()``: whether a hit may be a mapping (the cache's mapping limit)."""
-
-    def __init__(self, disk: DiskStore, store_name: str, mapped: Callable[[], bool]) -> None:
-        self._disk = disk
-        self._name = store_name
-        self._mapped = mapped
-
-    def _key(self, key: str, etag: str, size: int) -> diskfile.DiskKey:
-        return disk_key(self._name, key, etag, 0, size)
-
-    def stripe(self, key: str, etag: str, size: int) -> str:
-        return self._key(key, etag, size).name[:3]  # diskfile.claim's lock file
-
-    async def claim(self, key: str, etag: str, size: int) -> tuple[int, bool]:
-        fut = asyncio.get_running_loop().run_in_executor(
-            None, diskfile.claim, self._disk.root, self._key(key, etag, size)
-        )
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:  # the flock may be taken anyway: drop it when it is
-            fut.add_done_callback(_close_claim)
-            raise
-
-    def release(self, fd: int) -> None:
-        os.close(fd)  # drops the flock
-
-    async def has(self, key: str, etag: str, size: int) -> bool:
-        return await self._disk.contains(self._key(key, etag, size))
-
-    async def read(self, key: str, etag: str, size: int) -> bytes | memoryview | None:
-        return await self._disk.read(self._key(key, etag, size), self._mapped())
-
-
-def _close_claim(fut: asyncio.Future[tuple[int, bool]]) -> None:
-    if not fut.cancelled() and fut.exception() is None and fut.result()[0] >= 0:
-        os.close(fut.result()[0])
-
-
 class _Group:
     """One shard range being fetched: ``[lo, hi)`` of its shard; the future's result is the
     range's bytes, or None when the group is on the shared tier (another worker fetched
@@ -252,8 +198,10 @@ class PackedStore(StoreWrapper):
         list_from_index: bool = False,
         config: PackConfig | None = None,
         stats: PackStats | None = None,
+        tiers: NeighbourTiers = NO_TIERS,
     ) -> None:
         super().__init__(inner)
+        self._tiers = tiers
         self._packs = packs
         self._pack_prefix = pack_prefix
         self._source_prefix = source_prefix
@@ -266,13 +214,6 @@ class PackedStore(StoreWrapper):
         self.index: PackIndex | None = None
         self.status = "loading"
         """"loading", "ok" or why the pack is not used (``/readyz``)."""
-        self.deposit: Deposit | None = None
-        self.room: Callable[[int], bool] | None = None
-        """Whether the memory tier has room for ``n`` bytes of neighbours."""
-        self.disk_room: Callable[[int], bool] | None = None
-        """Whether the disk tier has room for ``n`` bytes of neighbours (memory has none)."""
-        self.tier: SharedTier | None = None
-        """The disk tier when worker processes share it: group fetches are claimed."""
         self._ranges: dict[tuple[int, int], _Group] = {}  # (shard, window) or (shard, -1 - row)
         # Groups fetched to the disk tier only (no room in memory), most recent last: a later
         # miss of one of their members (one the tier refused or evicted) fetches that member
@@ -294,6 +235,48 @@ class PackedStore(StoreWrapper):
         self._settled = asyncio.Event()  # the index is in, failed, or was waited for long enough
         self.listings_waited = 0
         """Listings that waited for the index."""
+
+    # -- the tiers, assigned after construction (compatibility) ---------------------------
+    #
+    # ops/server.py sets these four after construction; pass ``tiers=`` instead.
+
+    def _assigned(self) -> _AssignedTiers:
+        if not isinstance(self._tiers, _AssignedTiers):
+            self._tiers = _AssignedTiers()
+        return self._tiers
+
+    @property
+    def deposit(self) -> Deposit | None:
+        t = self._tiers
+        return t.deposit if t.keeps_neighbours else None
+
+    @deposit.setter
+    def deposit(self, fn: Deposit | None) -> None:
+        self._assigned().deposit_fn = fn
+
+    @property
+    def room(self) -> Callable[[int], bool] | None:
+        return self._tiers.memory_room
+
+    @room.setter
+    def room(self, fn: Callable[[int], bool] | None) -> None:
+        self._assigned().room = fn
+
+    @property
+    def disk_room(self) -> Callable[[int], bool] | None:
+        return self._tiers.disk_room
+
+    @disk_room.setter
+    def disk_room(self, fn: Callable[[int], bool] | None) -> None:
+        self._assigned().disk_room_fn = fn
+
+    @property
+    def tier(self) -> SharedTier | None:
+        return self._tiers.shared
+
+    @tier.setter
+    def tier(self, t: SharedTier | None) -> None:
+        self._assigned().shared = t
 
     # -- the index ------------------------------------------------------------------------
 
@@ -493,19 +476,17 @@ class PackedStore(StoreWrapper):
             self.stats.recent_hits += 1
             return self._verified(index, i, recent[1], recent[0])
         g = self._ranges.get(rkey)
-        memory = g is not None or a == b or self.room is None or self.room(hi - lo)
+        tiers = self._tiers
+        memory = g is not None or a == b or tiers.memory_room(hi - lo)
         if (
             a == b
-            or (
-                not memory
-                and (self.disk_room is None or rkey in self._on_tier or not self.disk_room(hi - lo))
-            )
+            or (not memory and (rkey in self._on_tier or not tiers.disk_room(hi - lo)))
             or (g is not None and not g.lo <= off < off + size <= g.hi)  # split by a large one
         ):  # alone
             a = b = i
             lo, hi, rkey = off, off + size, (shard_no, -1 - i)
             g = self._ranges.get(rkey)
-        tier = self.tier
+        tier = tiers.shared
         if g is None:
             g = _Group(lo, hi)
             if tier is not None and a != b:
@@ -557,7 +538,7 @@ class PackedStore(StoreWrapper):
         neighbours deposited (to the disk tier only unless ``memory``); None when another
         worker fetched it meanwhile and member ``i`` is on the shared tier."""
         shard = index.shards[index.shard_of[i]]
-        tier = self.tier if a != b else None
+        tier = self._tiers.shared if a != b else None
         fd, look = (-1, False) if tier is None else await self._claim(tier, shard.name, g)
         writes: list[Awaitable[bool]] = []
         try:
@@ -623,7 +604,7 @@ class PackedStore(StoreWrapper):
     async def _from_tier(self, index: PackIndex, i: int) -> bytes | memoryview | None:
         """Member ``i`` from the shared tier (another worker's group fetch published it),
         else fetched alone."""
-        tier = self.tier
+        tier = self._tiers.shared
         if tier is not None:
             path = self._source_prefix + index.path(i)
             body = await tier.read(path, index.etag(i), index.sizes[i])
@@ -653,11 +634,11 @@ class PackedStore(StoreWrapper):
     def _deposit(
         self, index: PackIndex, a: int, b: int, lo: int, data: bytes, skip: int, memory: bool
     ) -> list[Awaitable[bool]]:
-        """Rows [a, b] but ``skip``, verified, to the data layer (``deposit``), each a slice
+        """Rows [a, b] but ``skip``, verified, to the data layer (``tiers.deposit``), each a slice
         of ``data``; the publishing of those the disk tier takes."""
-        deposit = self.deposit
-        if deposit is None:
+        if not self._tiers.keeps_neighbours:
             return []
+        deposit = self._tiers.deposit
         view = memoryview(data)
         writes: list[Awaitable[bool]] = []
         prefix, crcs, data_at, sizes = self._source_prefix, index.crcs, index.data_at, index.sizes

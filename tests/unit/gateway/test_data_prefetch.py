@@ -1,4 +1,4 @@
-"""Data prefetch (issue 13) in-process: the gateway over a ``MemoryStore`` (requests counted,
+"""Data prefetch in-process: the gateway over a ``MemoryStore`` (requests counted,
 GETs slowed where a test needs a fetch in flight), called with whole RPC records. The
 end-to-end versions (SeaweedFS, libnfs, a 503 storm through a fault proxy) are in
 ``tests/integration/test_data_prefetch.py``.
@@ -32,6 +32,7 @@ import pytest
 from gateway.backend.base import BackendUnavailable
 from gateway.backend.memory import MemoryStore
 from gateway.data.cache import DataCache
+from gateway.data.events import FileOpened
 from gateway.data.prefetch import DataPrefetcher
 from gateway.data.reader import ObjectReader
 from gateway.exports import ExportConfig
@@ -415,5 +416,39 @@ def test_directories_relisted_while_queued_leave_a_bounded_queue() -> None:
         assert p.snapshot()["queued_dirs"] == 10
         assert len(p._queue) <= 2 * 10 + STALE_SLACK
         assert sorted(q.prefix for q in p._queue if q.queued) == [f"d{d}/" for d in range(10)]
+
+    asyncio.run(run())
+
+
+def test_reads_at_offset_0_reach_the_prefetcher_through_the_relay() -> None:
+    """``FileOpened`` built first, given to the reader and the prefetcher: each READ at
+    offset 0 of a small object reaches ``note_open`` at once, with its memory hit; a READ
+    further in does not. Without listeners the relay does nothing."""
+
+    async def run() -> None:
+        idle = FileOpened()
+        idle.note_open("s", "d/f", True)  # nobody listens: nothing happens
+        assert not idle.listening
+        opened = FileOpened()
+        reader = ObjectReader(DataCache(1 << 20), opened=opened)
+        seen: list[tuple[str, str, bool]] = []
+
+        class Spy:
+            def note_open(self, store_name: str, key: str, hit: bool) -> None:
+                seen.append((store_name, key, hit))
+
+        p = DataPrefetcher(reader, opened=opened)
+        opened.subscribe(Spy())
+        store = MemoryStore("s")
+        store.seed("d/f", b"0123456789")
+        cols = Columns(["f"], bytes(1), [10], [0], [store._objects[b"d/f"].etag])
+        p.add_dir(store, "d/", cols)
+        etag = store._objects[b"d/f"].etag
+        await reader.read(store, "d/f", etag, 10, 0, 10)  # a miss
+        await reader.read(store, "d/f", etag, 10, 0, 10)  # a memory hit
+        await reader.read(store, "d/f", etag, 10, 5, 5)  # not at offset 0
+        assert seen == [("s", "d/f", False), ("s", "d/f", True)]
+        assert list(p._outcomes) == [False, True]
+        await p.close()
 
     asyncio.run(run())

@@ -23,7 +23,7 @@ from gateway.backend.base import (
     ObjectStore,
     PreconditionFailed,
 )
-from gateway.data import ENTRY_OVERHEAD, DataCache, DataConfig, DataStats, ObjectReader
+from gateway.data import BLOCK_ENTRY_CHARGE_BYTES, DataCache, DataConfig, DataStats, ObjectReader
 from gateway.data.sketch import FrequencySketch, key_hash
 from gateway.errors import IoError, VersionChanged
 
@@ -538,7 +538,7 @@ def lru_hit_ratios(n: int, capacity: int, epochs: int, seed: int) -> list[float]
 async def test_shuffled_epochs_beat_lru() -> None:
     store = FakeStore()
     objs = dataset(store, "train", 2000)
-    _, reader, _ = make(budget=1000 * (OBJ + ENTRY_OVERHEAD))
+    _, reader, _ = make(budget=1000 * (OBJ + BLOCK_ENTRY_CHARGE_BYTES))
     rng = random.Random(42)
     ratios = [await epoch(reader, store, objs, rng) for _ in range(4)]
     print("shuffled epochs, hit ratio:", [round(r, 3) for r in ratios])
@@ -552,7 +552,7 @@ def test_shuffled_epochs_with_image_sized_objects() -> None:
     rng = random.Random(9)
     sizes = [max(1000, int(rng.lognormvariate(11.3, 0.8))) for _ in range(6000)]
     blob = memoryview(bytes(max(sizes)))
-    cache = DataCache((sum(sizes) + len(sizes) * ENTRY_OVERHEAD) // 2)
+    cache = DataCache((sum(sizes) + len(sizes) * BLOCK_ENTRY_CHARGE_BYTES) // 2)
     ratios = []
     for _ in range(4):
         order = list(range(len(sizes)))
@@ -575,7 +575,7 @@ async def test_new_working_set_takes_over() -> None:
     store = FakeStore()
     a = dataset(store, "a", 2000)
     b = dataset(store, "b", 800)
-    _, reader, _ = make(budget=1000 * (OBJ + ENTRY_OVERHEAD))
+    _, reader, _ = make(budget=1000 * (OBJ + BLOCK_ENTRY_CHARGE_BYTES))
     rng = random.Random(5)
     for _ in range(4):
         await epoch(reader, store, a, rng)
@@ -587,7 +587,7 @@ async def test_new_working_set_takes_over() -> None:
 async def test_burst_right_after_fetch_hits_even_when_full() -> None:
     store = FakeStore()
     objs = dataset(store, "train", 2000)
-    cache, reader, _ = make(budget=1000 * (OBJ + ENTRY_OVERHEAD))
+    cache, reader, _ = make(budget=1000 * (OBJ + BLOCK_ENTRY_CHARGE_BYTES))
     rng = random.Random(1)
     for _ in range(3):
         await epoch(reader, store, objs, rng)
@@ -657,7 +657,7 @@ async def test_no_slow_callbacks_in_asyncio_debug_mode(caplog: pytest.LogCapture
             await reader.read(as_store(store), "big", etag, size, off, 256 * KiB)
             await asyncio.sleep(0)
         objs = dataset(store, "train", 2000)
-        _, reader2, _ = make(budget=1000 * (OBJ + ENTRY_OVERHEAD))
+        _, reader2, _ = make(budget=1000 * (OBJ + BLOCK_ENTRY_CHARGE_BYTES))
         await epoch(reader2, store, objs, random.Random(0))
         await reader.close()
     slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]

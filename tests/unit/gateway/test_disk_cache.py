@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
-from gateway.data.cache import ENTRY_OVERHEAD
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.data.config import DiskConfig
 from gateway.data.disk import DiskStore, disk_key, resolve_cache_dir
 from gateway.data.diskfile import charge_of, read_entry
@@ -384,16 +384,15 @@ async def test_dataset_eight_times_memory_within_disk_costs_no_get_from_epoch_tw
     for i, k in enumerate(keys):
         store.put(k, blob, f'"e{i}"')
     disk = await open_disk(tmp_path)
-    r = reader_over(disk, memory=50 * (OBJ + ENTRY_OVERHEAD))
+    r = reader_over(disk, memory=50 * (OBJ + BLOCK_ENTRY_CHARGE_BYTES))
     rng = random.Random(1)
     assert await epoch(r, store, keys, rng) == 0.0
     await disk.drain()
     assert await epoch(r, store, keys, rng) == 1.0
     await disk.close()
     disk2 = await open_disk(tmp_path)  # restarted
-    assert (
-        await epoch(reader_over(disk2, memory=50 * (OBJ + ENTRY_OVERHEAD)), store, keys, rng) == 1.0
-    )
+    r2 = reader_over(disk2, memory=50 * (OBJ + BLOCK_ENTRY_CHARGE_BYTES))
+    assert await epoch(r2, store, keys, rng) == 1.0
     await disk2.close()
 
 
@@ -409,7 +408,7 @@ async def test_two_tiers_hold_their_sum_in_shuffled_epochs(tmp_path: Path) -> No
         store.put(k, blob, f'"e{i}"')
     one_disk = charge_of(OBJ + 36 + len("fake\0t/00000\0") + 6)
     disk = await open_disk(tmp_path, budget=800 * one_disk)
-    r = reader_over(disk, memory=200 * (OBJ + ENTRY_OVERHEAD))
+    r = reader_over(disk, memory=200 * (OBJ + BLOCK_ENTRY_CHARGE_BYTES))
     rng = random.Random(7)
     ratios = []
     for _ in range(4):
@@ -455,7 +454,7 @@ def test_a_small_memory_tier_keeps_its_share_with_image_sized_objects() -> None:
     rng = random.Random(1)
     sizes = [max(1000, int(rng.lognormvariate(11.3, 0.8))) for _ in range(3000)]
     blob = memoryview(bytes(max(sizes)))
-    cache = DataCache(sum(sizes) // 10 + 300 * ENTRY_OVERHEAD)
+    cache = DataCache(sum(sizes) // 10 + 300 * BLOCK_ENTRY_CHARGE_BYTES)
     ratios = []
     for _ in range(4):
         order = list(range(len(sizes)))

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from gateway.clock import FakeClock
-from gateway.drc import ENTRY_OVERHEAD, DrcConfig, DrcKey, DuplicateRequestCache, identity
+from gateway.drc import DRC_ENTRY_CHARGE_BYTES, DrcConfig, DrcKey, DuplicateRequestCache, identity
 from nfsproto import mount3, nfs3, rpc
 from nfsproto.nfs3 import Nfs3Proc
 
@@ -89,7 +89,7 @@ async def test_a_retransmission_gets_the_first_reply_and_runs_nothing() -> None:
     assert await drc.run(k, run(b"second")) == b"first"
     assert run.runs == {b"first": 1}
     assert (drc.stats.hits, drc.stats.stored, drc.stats.entries) == (1, 1, 1)
-    assert drc.stats.bytes == len(b"first") + ENTRY_OVERHEAD
+    assert drc.stats.bytes == len(b"first") + DRC_ENTRY_CHARGE_BYTES
 
 
 async def test_the_same_xid_with_other_arguments_runs() -> None:
@@ -148,7 +148,7 @@ async def test_replies_not_kept_are_answered_but_run_again() -> None:
 
 
 async def test_a_flood_of_distinct_calls_stays_within_entries_and_bytes() -> None:
-    drc, _ = make(max_entries=50, max_bytes=30 * (ENTRY_OVERHEAD + 100))
+    drc, _ = make(max_entries=50, max_bytes=30 * (DRC_ENTRY_CHARGE_BYTES + 100))
     run = Runner()
     for xid in range(1000):
         await drc.run(key_of(drc, xid), run(bytes(100) + xid.to_bytes(4, "big")))

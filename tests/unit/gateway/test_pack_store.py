@@ -1,4 +1,4 @@
-"""Serving a pack (issue 16) in-process: a pack written into a ``MemoryStore`` in the documented
+"""Serving a pack in-process: a pack written into a ``MemoryStore`` in the documented
 layout (``gateway.pack.format``; the tests of ``nfsgw pack`` itself run it against SeaweedFS in
 ``tests/integration/test_pack.py``), an export with ``pack = ...``, whole RPC records in.
 
@@ -13,7 +13,6 @@ layout (``gateway.pack.format``; the tests of ``nfsgw pack`` itself run it again
 from __future__ import annotations
 
 import asyncio
-import functools
 import gzip
 import io
 import os
@@ -29,7 +28,7 @@ import pytest
 from gateway.backend import checksums
 from gateway.backend.memory import MemoryStore
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
-from gateway.data.cache import ENTRY_OVERHEAD, is_mapping
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, is_mapping
 from gateway.data.config import DiskConfig
 from gateway.data.disk import DiskStore, disk_key
 from gateway.data.prefetch import DataPrefetcher
@@ -48,7 +47,8 @@ from gateway.pack.format import (
     padding,
     shard_name,
 )
-from gateway.pack.store import PackConfig, PackedStore, TierClaims
+from gateway.pack.store import PackConfig, PackedStore
+from gateway.pack.tiers import NO_TIERS, ReaderTiers
 from nfsproto.nfs3 import NfsStat3
 from tests.harness.memory import MemoryGateway
 
@@ -309,10 +309,10 @@ async def test_keys_the_pack_does_not_hold_are_listed_with_the_index(tmp_path: P
         assert [op for op, _ in store.log if op == "list"] == []
 
 
-# -- issue 25: members without copies, the shared tier, whole groups prefetched -------------
+# -- members without copies, the shared tier, whole groups prefetched ----------------------
 #
 # A ``PackedStore`` in front of the data layer as the composition root wires it
-# (``gateway.ops.server``: ``deposit``, ``room``, ``tier``, the prefetcher's ``covered``),
+# (``tiers=ReaderTiers(reader, name)``, the prefetcher's ``covered``),
 # with one ``ObjectReader`` per simulated worker process; two workers share one
 # disk tier directory as in tests/unit/gateway/test_shared_cache.py (``flock`` claims conflict
 # between two open files of one process exactly as between two processes).
@@ -329,21 +329,21 @@ def group_tree(n: int = 60, seed: int = 5) -> dict[str, bytes]:
 class Worker:
     """One simulated worker: its own ``PackedStore`` and data layer over the shared bucket."""
 
-    def __init__(self, store: MemoryStore, disk: DiskStore | None, budget: int = 64 * MiB) -> None:
-        self.packed = PackedStore(
-            store, store, "packs/ds/", "ds/", PACK, "s3://b/ds/",
-            small_file_max=4 * MiB, config=PackConfig(range_bytes=1 * MiB),
-        )  # fmt: skip
+    def __init__(
+        self,
+        store: MemoryStore,
+        disk: DiskStore | None,
+        budget: int = 64 * MiB,
+        tiers: type[ReaderTiers] = ReaderTiers,
+    ) -> None:
         stats = DataStats()
         cache = DataCache(budget, stats=stats, shared_by=2 if disk and disk.shared else 1)
         self.reader = ObjectReader(cache, DataConfig(), stats, disk)
-        p = self.packed
-        p.deposit = functools.partial(self.reader.deposit, p.name)
-        p.room = cache.room_for
-        if disk is not None:
-            p.disk_room = lambda n: disk.takes(n + n // 16)  # as gateway.ops.server
-        if disk is not None and disk.shared:
-            p.tier = TierClaims(disk, p.name, lambda: cache.mappings < cache.max_mappings)
+        self.packed = PackedStore(
+            store, store, "packs/ds/", "ds/", PACK, "s3://b/ds/",
+            small_file_max=4 * MiB, config=PackConfig(range_bytes=1 * MiB),
+            tiers=tiers(self.reader, store.name),
+        )  # fmt: skip
 
     async def read(self, store: MemoryStore, key: str) -> bytes | memoryview:
         o = store._objects[key.encode()]
@@ -393,7 +393,7 @@ async def test_a_group_is_one_get_and_its_members_are_slices_of_one_buffer() -> 
         assert bytes(body) == files[key], key
     assert w.packed.stats.deposited == len(first) - 1
     # Charged its own length each (the buffer is not charged again per slice).
-    assert w.reader.cache.used_bytes == sum(len(files[k]) + ENTRY_OVERHEAD for k in first)
+    assert w.reader.cache.used_bytes == sum(len(files[k]) + BLOCK_ENTRY_CHARGE_BYTES for k in first)
     # Reading the whole group: no more GETs, every READ a memory hit.
     for key in first:
         assert bytes(await w.read(store, key)) == files[key]
@@ -601,6 +601,13 @@ async def test_one_worker_with_room_keeps_the_group_in_memory_only(tmp_path: Pat
     await disk.close()
 
 
+class NoRoom(ReaderTiers):
+    """No room in memory for a group (and no disk tier): members alone."""
+
+    def memory_room(self, n: int) -> bool:
+        return False
+
+
 async def prefetched(w: Worker, store: MemoryStore, files: Mapping[str, bytes]) -> DataPrefetcher:
     """A data prefetcher over ``w``'s packed export, told of the folder ``ds/c0/`` as the
     server wires it, run until it has nothing left to do."""
@@ -643,8 +650,7 @@ async def test_without_room_for_groups_every_member_is_prefetched_alone() -> Non
     """No room in memory for a group: members are fetched alone, none is skipped."""
     files = group_tree(30)
     store, _ = seeded(files)
-    w = Worker(store, None)
-    w.packed.room = lambda n: False  # no room for a group: members alone
+    w = Worker(store, None, tiers=NoRoom)
     await w.packed.load()
     store.reset_counts()
     p = await prefetched(w, store, files)
@@ -672,3 +678,22 @@ async def test_a_member_asked_for_just_after_its_group_arrived_takes_its_slice()
     w.packed._recent.clear()
     await w.packed.get(group[3], if_match=o.etag)
     assert gets(store, "packs/ds/shard-") == 2
+
+
+async def test_without_tiers_a_group_is_one_get_and_nothing_is_deposited() -> None:
+    """``NO_TIERS`` (no data layer): the group is fetched whole, no neighbour is kept or
+    counted, and a member of the group asked for next takes its slice of that buffer."""
+    files = group_tree()
+    store, members = seeded(files)
+    first = groups_of(members)[0]
+    packed = PackedStore(
+        store, store, "packs/ds/", "ds/", PACK, "s3://b/ds/",
+        small_file_max=4 * MiB, config=PackConfig(range_bytes=1 * MiB), tiers=NO_TIERS,
+    )  # fmt: skip
+    await packed.load()
+    store.reset_counts()
+    for key in first[:2]:
+        got = await packed.get(key)
+        assert bytes(got.data) == files[key]
+    assert gets(store, "packs/ds/shard-") == 1 and gets(store, "ds/") == 0
+    assert packed.stats.deposited == 0 and packed.stats.recent_hits == 1

@@ -1,5 +1,5 @@
-"""A packed immutable export answers listings from its index from the first call (issue 25,
-item 4): listings asked for while the index loads wait for it and then cost 0 LISTs; readiness
+"""A packed immutable export answers listings from its index from the first call:
+listings asked for while the index loads wait for it and then cost 0 LISTs; readiness
 (``/readyz``, ``READY=1``) follows the index; an index that does not come is waited for
 ``PackConfig.index_wait_s`` only, then listings go to the bucket and one line says so."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
-from gateway.data.cache import ENTRY_OVERHEAD, is_mapping, mapped_size
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, is_mapping, mapped_size
 from gateway.data.config import DiskConfig
 from gateway.data.disk import DiskStore, disk_key
 from gateway.data.diskfile import claim as claim_file
@@ -85,8 +85,9 @@ async def test_two_workers_missing_the_same_objects_make_one_get_each(tmp_path: 
         assert r.stats.mapped_bytes == sum(len(store.objects[k][0]) for k in keys)
         # Charged half of the entry file's pages each (two workers share them).
         views = [cached(r, store, k) for k in keys]
+        charge = BLOCK_ENTRY_CHARGE_BYTES
         assert r.cache.used_bytes == sum(
-            mapped_size(v) // 2 + ENTRY_OVERHEAD for v in views if isinstance(v, memoryview)
+            mapped_size(v) // 2 + charge for v in views if isinstance(v, memoryview)
         )
     # A second epoch, and a third worker started later: no GET.
     rc = worker(await shared_disk(tmp_path / "c"))
@@ -108,7 +109,7 @@ async def test_the_fetching_worker_swaps_its_copy_for_the_mapping(tmp_path: Path
     body = cached(r, store, key)
     assert body is not None and is_mapping(body)
     assert isinstance(body, memoryview)
-    assert r.cache.used_bytes == mapped_size(body) // 2 + ENTRY_OVERHEAD
+    assert r.cache.used_bytes == mapped_size(body) // 2 + BLOCK_ENTRY_CHARGE_BYTES
     # Evicting it drops the mapping's bytes from the gauge.
     r.invalidate(store.name, key)
     assert r.stats.mapped_bytes == 0
@@ -217,13 +218,13 @@ def test_a_mapping_is_charged_its_share_a_private_copy_in_full(tmp_path: Path) -
     view = memoryview(m)[1000:]
     assert is_mapping(view) and not is_mapping(memoryview(b"abc")) and not is_mapping(b"abc")
     pages = -(-40_000 // mmap.PAGESIZE) * mmap.PAGESIZE  # the whole mapping, in pages
-    assert cache.charge_of(view) == pages // 4 + ENTRY_OVERHEAD
-    assert cache.charge_of(b"y" * 39_000) == 39_000 + ENTRY_OVERHEAD
+    assert cache.charge_of(view) == pages // 4 + BLOCK_ENTRY_CHARGE_BYTES
+    assert cache.charge_of(b"y" * 39_000) == 39_000 + BLOCK_ENTRY_CHARGE_BYTES
     key = ("s", "k", "e", 0)
     assert cache.insert(key, b"y" * 39_000)
     assert not cache.swap(key, b"y" * 39_000, view)  # not the object it holds
     assert cache.swap(key, cache.lookup(key) or b"", view)
-    assert cache.used_bytes == pages // 4 + ENTRY_OVERHEAD
+    assert cache.used_bytes == pages // 4 + BLOCK_ENTRY_CHARGE_BYTES
     assert cache.stats.mapped_bytes == 39_000
 
 
