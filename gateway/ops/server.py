@@ -1,11 +1,13 @@
-"""Wiring: configuration -> stores, namespaces, data reader, dispatcher, listeners; the admin
-API (``gateway.ops.admin``); signals, reload and graceful shutdown; systemd notifications.
+"""The life cycle of one gateway process: its parts (built by ``gateway.ops.build``), the
+listeners, the admin API (``gateway.ops.admin``); signals, reload and graceful shutdown;
+systemd notifications.
 
-Owns: the life cycle of one gateway process:
+Owns:
 
-- ``start``: state and cache directories, handle secret, data cache, one store + namespace per
-  export and its backend probe (``gateway.ops.probe``: one LIST at once, retried in the
-  background until it answers, one error line per cause), the NFS/MOUNT/PORTMAP listener(s)
+- ``start``: the parts (``build``: state and cache directories, handle secret, data cache,
+  one store + namespace per export), each export's backend probe (``gateway.ops.probe``: one
+  LIST at once, retried in the background until it answers, one error line per cause), the
+  NFS/MOUNT/PORTMAP listener(s)
   and the admin API, which are not held back by the probes or the pack indexes; then
   ``READY=1`` once every export's first probe has ended and every pack index is in (or its
   ``index_wait_s`` is over), whichever way: a backend that is down at boot does not fail the
@@ -28,32 +30,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import errno
-import socket
 import time
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 
 from gateway import pmap_client
-from gateway.backend import open_store, parse_store_url
 from gateway.backend.base import ObjectStore, RequestObserver, StoreWrapper
 from gateway.clock import Clock, SystemClock
-from gateway.data import DataCache, DataStats, DiskStats, ObjectReader, open_disk_tier
+from gateway.data import ObjectReader
 from gateway.data.prefetch import DataPrefetcher, PrefetchStats
 from gateway.dispatch import Dispatcher
 from gateway.drc import DuplicateRequestCache
-from gateway.exports import Export, ExportConfig, export_id_for
+from gateway.exports import Export, ExportConfig
 from gateway.fastpath import FastPath
 from gateway.forward import OwnerLink, Router, serve_owner_link
-from gateway.handlers import register_all
-from gateway.namespace import Namespace, NamespaceStats
-from gateway.namespace.handles import load_or_create_secret
-from gateway.namespace.legacymap import LegacyMap
-from gateway.namespace.resolve import Handles
 from gateway.ops.admin import AdminApi
+from gateway.ops.build import ExportBuilder, build
 from gateway.ops.config import ServerConfig, needs_rebuild, reload_plan
 from gateway.ops.configfile import ConfigErrors, load_config
 from gateway.ops.gcwatch import GcWatch
@@ -62,7 +57,7 @@ from gateway.ops.probe import PROBE_TIMEOUT_S, BackendProbe
 from gateway.ops.systemd import Notifier
 from gateway.ops.warmup import Warmups
 from gateway.ops.workers import WorkerRole, until_signalled
-from gateway.pack.store import PackConfig, PackedStore, PackStats, TierClaims
+from gateway.pack.store import PackConfig, PackedStore
 from gateway.registry import Gateway
 from gateway.transport import CallHandler, ConnectionStats, RpcConnection
 from gateway.writes import WriteManager
@@ -117,6 +112,7 @@ class Server:
         self.prefetch_stats = PrefetchStats()
         self._writes: WriteManager | None = None
         self._reader: ObjectReader | None = None
+        self._exports: ExportBuilder | None = None
         self.dispatcher = Dispatcher(self.metrics, self.drc)
         self.conn_stats = ConnectionStats()
         self.connections: set[RpcConnection] = set()
@@ -144,58 +140,31 @@ class Server:
 
     async def start(self) -> None:
         c = self.config
-        await asyncio.to_thread(self._make_dirs)
-        state_dir = c.server.state_dir
-        secret = load_or_create_secret(state_dir)
-        handles = Handles(secret, legacy=LegacyMap.open_if_present(state_dir))
-        data_stats = DataStats()
-        # cache.memory is the service's budget: with workers, each one's memory tier a share,
-        # in which a mapping of the shared disk tier's entry costs its share of the pages.
-        workers = self.role.count if self.role is not None else 1
-        cache = DataCache(c.cache.memory // workers, stats=data_stats, shared_by=workers)
-        disk_stats = DiskStats()  # the host's one data cache, shared by the workers
-        disk = await open_disk_tier(
-            c.server.cache_dir, state_dir, c.cache.data.disk, disk_stats, shared=workers > 1
-        )
-        if disk is None and workers > 1:
-            log.error(
-                "shared_cache_unavailable",
-                worker=self.role.index if self.role is not None else 0,
-                consequence="this worker fetches and holds files of its own",
-            )
-        self.metrics.add_stats("disk", disk_stats)
-        reader = ObjectReader(cache, c.cache.reads, data_stats, disk)
-        # A relative spool_dir (the default "spool") is under the state directory. Workers
-        # other than the owner never stage writes (calls for read-write exports are routed to
-        # the owner, ``gateway.forward``); they get a directory of their own all the same, so
-        # nothing they do at start can touch the owner's spool.
-        spool_dir = state_dir / c.writes.spool_dir
         role = self.role
-        if role is not None and not role.owner:
-            spool_dir = spool_dir / f"worker-{role.index}"
-        writes = WriteManager(dataclasses.replace(c.writes, spool_dir=spool_dir), reader)
-        gw = Gateway(c.server.nfs, handles, reader, writes)
-        self._writes = writes
-        self._reader = reader
-        self.prefetcher = self._make_prefetcher(reader, disk is not None)
-        self.metrics.add_stats("data", data_stats)
+        parts = await build(
+            c,
+            clock=self.clock,
+            metrics=self.metrics,
+            dispatcher=self.dispatcher,
+            role=role,
+            store_factory=self.store_factory,
+            pack_config=self.pack_config,
+            prefetch_stats=self.prefetch_stats,
+            spawn=self._spawn,
+        )
+        gw = self.gateway = parts.gateway
+        self._writes = parts.writes
+        self._reader = parts.reader
+        self.prefetcher = parts.prefetcher
+        self.warmups = parts.warmups
+        self.fastpath = fast = parts.fastpath
+        self._exports = parts.exports
         self.metrics.add_stats("conn", self.conn_stats)
-        self.metrics.add_stats("gateway", gw.stats)
-        self.metrics.add_stats("handles", handles.stats)
-        self.metrics.add_stats("writes", writes.stats)
         self.metrics.add_stats("server", self._server_stats)
         self.metrics.add_stats("drc", self.drc.stats)
-        self.metrics.add_stats("prefetch", self.prefetch_stats)
-        for ec in c.exports:
-            export = self._make_export(ec)
-            gw.add_export(export)
-            self._watch_backend(export)
-        self.gateway = gw
-        register_all(self.dispatcher, gw)
-        self.metrics.prepare()
-        self.warmups = Warmups(gw, self.clock)
-        self.metrics.add_stats("warmup", self.warmups.stats)
         self.metrics.add_stats("gc", self.gc_watch.stats)
+        for export in gw.exports.values():
+            self._watch_backend(export)
         self.gc_watch.install()
         if self.prefetcher is not None:
             self.prefetcher.start()
@@ -213,13 +182,6 @@ class Server:
             self._link = OwnerLink(role.owner_socket, limits.max_record)
             self.metrics.add_stats("route", self._link.stats)
             handler = Router(self.dispatcher, gw, self._link).handle
-
-        fast: FastPath | None = None
-        if c.server.fast_path:
-            # A worker that is not the owner answers only read-only exports' calls itself.
-            fast = FastPath(gw, self.metrics.call, local_only=role is not None and not role.owner)
-            self.metrics.add_stats("fast", fast.stats)
-        self.fastpath = fast
 
         def factory() -> asyncio.Protocol:
             if len(self.connections) >= self.config.server.max_connections:
@@ -321,15 +283,10 @@ class Server:
         export it rebuilds)."""
         ec = export.cfg
         store = export.store.inner if isinstance(export.store, StoreWrapper) else export.store
-        if ec.backend.startswith("s3://"):
-            s3 = self.config.s3
-            endpoint = s3.endpoint_url or f"AWS S3 ({s3.region or 'region from the AWS chain'})"
-        else:
-            endpoint = "local"
         probe = BackendProbe(
             ec.path,
             ec.backend,
-            endpoint,
+            store.traits.endpoint,
             store,
             export.prefix,
             on_change=self._status_changed,
@@ -352,10 +309,6 @@ class Server:
         if self.announced and not self.stopping:
             self.notifier.status(self._status())
 
-    def _make_dirs(self) -> None:
-        self.config.server.state_dir.mkdir(parents=True, exist_ok=True)
-        # The cache directory: gateway.data.disk creates it, or falls back to memory only.
-
     def _status(self) -> str:
         gw = self.gateway
         n = len(gw.exports) if gw else 0
@@ -367,137 +320,15 @@ class Server:
             text += f"; {path}: pack index loading"
         return text
 
-    def _make_prefetcher(self, reader: ObjectReader, disk: bool) -> DataPrefetcher | None:
-        """The data prefetcher (``gateway.data.prefetch``), or None when it is off. It fills
-        the memory tier (and the disk tier once memory is full); with several workers each
-        one prefetches, its fetches claimed among them on the shared disk tier, so without
-        one it stays off."""
-        cfg = self.config.cache.data.prefetch
-        if not cfg.enabled or not self.config.cache.coalesce:
-            return None
-        role = self.role
-        workers = role is not None and role.count > 1
-        if workers and not disk:
-            log.warning(
-                "data_prefetch_off",
-                reason="several workers and no shared disk tier: prefetched data would land "
-                "in one worker's memory",
-            )
-            return None
-        p = DataPrefetcher(
-            reader,
-            cfg,
-            pressure=lambda: self.metrics.backend_retries,
-            stats=self.prefetch_stats,
-            share=(role.index, role.count) if role is not None else (0, 1),
-        )
-        reader.on_open = p.note_open
-        return p
+    def _build_export(self, ec: ExportConfig) -> Export:
+        assert self._exports is not None, "start() builds the exports"
+        return self._exports.build(ec, self.config)
 
-    def _make_export(self, ec: ExportConfig) -> Export:
-        c = self.config
-        if self.store_factory is not None:
-            store = self.store_factory(ec, self.metrics.backend_request)
-        else:
-            store = self._open_store(ec)
-        prefix = parse_store_url(ec.backend).prefix
-        if ec.pack is not None:
-            store = self._packed(ec, store, prefix)
-        ns_stats = NamespaceStats()
-        ns = Namespace(
-            store,
-            prefix,
-            clock=self.clock,
-            config=c.cache.namespace_for(ec, len(c.exports)),
-            stats=ns_stats,
-        )
-        self.metrics.add_stats("namespace", ns_stats)
-        export = Export(export_id_for(ec.path), ec, store, ns, prefix)
-        # A local directory's files cost a READ what they would cost a prefetch (the page
-        # cache holds them; no latency to hide): prefetching them only takes CPU from READs.
-        remote = parse_store_url(ec.backend).scheme != "file"
-        if self.prefetcher is not None and ec.data_prefetch and remote:
-            ns.watcher = self.prefetcher.watch(self._leave_alone(export))
-        return export
-
-    def _packed(self, ec: ExportConfig, inner: ObjectStore, prefix: str) -> PackedStore:
-        """The export's store answering packed objects from ``ec.pack``; its index loads in
-        the background (listings of an immutable export wait for it, up to
-        ``PackConfig.index_wait_s``; GETs meanwhile, and everything if it is bad, come from
-        the bucket)."""
-        assert ec.pack is not None
-        pack_ec = dataclasses.replace(ec, backend=ec.pack)
-        if self.store_factory is not None:
-            packs = self.store_factory(pack_ec, self.metrics.backend_request)
-        else:
-            packs = self._open_store(pack_ec)
-        stats = PackStats()
-        self.metrics.add_stats("pack", stats)
-        reader = self._reader
-        store = PackedStore(
-            inner,
-            packs,
-            parse_store_url(ec.pack).prefix,
-            prefix,
-            ec.pack,
-            ec.backend,
-            small_file_max=self.config.cache.reads.small_file_max,
-            list_from_index=ec.immutable,
-            config=self.pack_config,
-            stats=stats,
-        )
-        if reader is not None:
-            # Neighbours go to memory when it has room, else to the disk tier (the host's
-            # cache, shared by the workers): a group is worth fetching when either has room.
-            cache, disk = reader.cache, reader.disk
-            store.deposit = partial(reader.deposit, store.name)
-            store.room = cache.room_for
-            if disk is not None:
-                store.disk_room = lambda n: disk.takes(n + n // 16)
-            if disk is not None and disk.shared:  # group fetches claimed among the workers
-                store.tier = TierClaims(
-                    disk, store.name, lambda: cache.mappings < cache.max_mappings
-                )
-        t = asyncio.get_running_loop().create_task(store.load(), name=f"pack-load:{ec.path}")
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` in the background until it ends or the server stops."""
+        t = asyncio.get_running_loop().create_task(coro, name=name)
         self._retiring.add(t)
         t.add_done_callback(self._retiring.discard)
-        return store
-
-    def _leave_alone(self, export: Export) -> Callable[[str], bool] | None:
-        """What the data prefetcher must not fetch now: on a read-write export, a key with
-        writes staged; on a packed one, a member whose group is already being fetched."""
-        writes = None if export.cfg.read_only else self._writes
-        store = export.store
-        covered = store.covered if isinstance(store, PackedStore) else None
-        if writes is None:
-            return covered
-        n = len(export.prefix)
-
-        def leave(key: str) -> bool:
-            return writes.staged(export, key[n:]) is not None or (
-                covered is not None and covered(key)
-            )
-
-        return leave
-
-    def _open_store(self, ec: ExportConfig) -> ObjectStore:
-        observer = self.metrics.backend_request
-        if not ec.backend.startswith("s3://"):
-            return open_store(ec.backend, observer=observer)
-        s3 = self.config.s3  # region None: the store follows the AWS region chain
-        return open_store(
-            ec.backend,
-            observer=observer,
-            endpoint_url=s3.endpoint_url,
-            region=s3.region,
-            addressing_style=s3.addressing_style,
-            profile=s3.profile,
-            anonymous=s3.anonymous or None,
-            lean_http=s3.lean_http and None,  # true: NFSGW_S3_LEAN_HTTP decides (default on)
-            max_connections=s3.max_connections,
-            retry=s3.retry,
-            checksums=s3.checksums,
-        )
 
     async def _start_portmap(self, factory: Callable[[], asyncio.Protocol], port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -601,14 +432,14 @@ class Server:
         for path, ec in wanted.items():
             cur = gw.by_path.get(path)
             if cur is None:
-                fresh = self._make_export(ec)
+                fresh = self._build_export(ec)
                 gw.add_export(fresh)
                 self._watch_backend(fresh)
                 changes["added"].append(path)
             elif cur.cfg == ec:
                 continue
             elif needs_rebuild(cur.cfg, ec):
-                fresh = self._make_export(ec)
+                fresh = self._build_export(ec)
                 gw.remove_export(cur)
                 gw.add_export(fresh)
                 self._watch_backend(fresh)
@@ -738,10 +569,3 @@ class Server:
     async def run_until_signalled(self) -> int:
         """Serve until SIGTERM/SIGINT (then drain and return 0); SIGHUP reloads."""
         return await until_signalled(self._stopping, self.reload, self.stop, "gateway_stopping")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from gateway.backend.base import BackendUnavailable
+from gateway.backend.base import BackendUnavailable, StoreTraits
 from gateway.backend.memory import MemoryStore
 from gateway.data.cache import DataCache
 from gateway.data.events import FileOpened
@@ -335,11 +335,15 @@ async def test_a_read_ends_the_listing_pause(tmp_path: Path) -> None:
 
 
 async def test_a_local_backend_is_not_prefetched(tmp_path: Path) -> None:
-    """A file:// export: a READ costs what a prefetch would, so nothing is fetched ahead."""
+    """A file:// export: a READ costs what a prefetch would, so nothing is fetched ahead. The
+    store says so (``traits``, as ``LocalStore``'s do), not the export's URL."""
     files = tree(2, 10)
     local = {"read_only": True, "immutable": True}
     ec = ExportConfig("/data", f"file://{tmp_path}/ds", **local)
-    async with MemoryGateway.of(tmp_path, [ec], files=files, cache_data_prefetch=True) as gw:
+    store = MemoryStore("mem")
+    store.traits = StoreTraits("local", latency_to_hide=False, endpoint="local")
+    kw: dict[str, Any] = {"files": files, "store": store, "cache_data_prefetch": True}
+    async with MemoryGateway.of(tmp_path, [ec], **kw) as gw:
         root = await gw.mount(b"/data")
         for c in range(2):
             d = await gw.walk(root, f"ds/c{c}")

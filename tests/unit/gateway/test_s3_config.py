@@ -8,7 +8,6 @@ import pytest
 from gateway.backend import open_store
 from gateway.backend.s3 import S3Store
 from gateway.ops.configfile import check_config
-from gateway.ops.server import Server
 
 CONFIG = """
 [s3]
@@ -25,8 +24,8 @@ backend = "s3://bucket/prefix/"
 async def _lean_of(extra: str) -> bool:
     r = check_config(None, text=CONFIG.format(extra=extra))
     assert r.config is not None, r.issues
-    server = Server(r.config)
-    store = server._open_store(r.config.exports[0])
+    # What ``nfsgw serve`` builds for the export (gateway.ops.build): its URL and [s3].
+    store = open_store(r.config.exports[0].backend, s3=r.config.s3)
     assert isinstance(store, S3Store)
     try:
         return store._lean_http
@@ -84,7 +83,18 @@ async def test_open_store_takes_the_s3_section(monkeypatch: pytest.MonkeyPatch) 
     r = check_config(None, text=CONFIG.format(extra="max_connections = 7\nlean_http = false"))
     assert r.config is not None, r.issues
     ec, s3 = r.config.exports[0], r.config.s3
-    old = Server(r.config)._open_store(ec)
+    old = open_store(  # the keyword list the server passed before the section did
+        ec.backend,
+        endpoint_url=s3.endpoint_url,
+        region=s3.region,
+        addressing_style=s3.addressing_style,
+        profile=s3.profile,
+        anonymous=s3.anonymous or None,
+        lean_http=s3.lean_http and None,
+        max_connections=s3.max_connections,
+        retry=s3.retry,
+        checksums=s3.checksums,
+    )
     new = open_store(ec.backend, s3=s3)
     wider = open_store(ec.backend, s3=s3, max_connections=40)
     assert isinstance(old, S3Store) and isinstance(new, S3Store) and isinstance(wider, S3Store)
