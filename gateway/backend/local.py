@@ -74,6 +74,7 @@ from gateway.backend.base import (
     ObjectNotFound,
     PreconditionFailed,
     RequestObserver,
+    StoreBase,
     StoreTraits,
 )
 from gateway.backend.dirwatch import DirWatch, WatchToken
@@ -123,7 +124,7 @@ def _is_utf8(name: str) -> bool:
     return True
 
 
-class LocalStore:
+class LocalStore(StoreBase):
     """``ObjectStore`` over the directory ``root``. ``workers`` bounds the threads doing
     file I/O; ``fsync=True`` makes put/complete durable before they return."""
 
@@ -308,21 +309,14 @@ class LocalStore:
 
     # ------------------------------------------------------------------------ listing
 
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        token: str | None = None,
-        start_after: str | None = None,
-        max_keys: int = 1000,
+    async def _list_page(
+        self, prefix: str, delimiter: str | None, token: str | None, after: str | None, limit: int
     ) -> ListPage:
-        after = _decode_token(token) if token else (start_after or "")
+        start = _decode_token(token) if token else (after or "")
         if self._list_process and delimiter == "/":
-            return await self._run("list", self._list_in_process(prefix, after, max(1, max_keys)))
+            return await self._run("list", self._list_in_process(prefix, start, max(1, limit)))
         return await self._run(
-            "list",
-            functools.partial(self._list_blocking, prefix, delimiter, after, max(1, max_keys)),
+            "list", functools.partial(self._list_blocking, prefix, delimiter, start, max(1, limit))
         )
 
     async def _list_in_process(self, prefix: str, after: str, max_keys: int) -> ListPage:
@@ -489,16 +483,7 @@ class LocalStore:
         info.metadata = self._read_meta(key, st)
         return info
 
-    async def get(
-        self,
-        key: str,
-        start: int = 0,
-        end: int | None = None,
-        *,
-        if_match: str | None = None,
-    ) -> GetResult:
-        if start < 0 or (end is not None and end < 0):
-            raise ValueError(f"bad range [{start}, {end})")
+    async def _get(self, key: str, start: int, end: int | None, if_match: str | None) -> GetResult:
         return await self._run(
             "get", functools.partial(self._get_blocking, key, start, end, if_match)
         )
