@@ -78,6 +78,7 @@ from gateway.backend.base import (
     StoreTraits,
 )
 from gateway.backend.dirwatch import DirWatch, WatchToken
+from gateway.fileio import fsync_dir, pread_all
 
 T = TypeVar("T")
 
@@ -511,7 +512,7 @@ class LocalStore(StoreBase):
                     raise PreconditionFailed(f"get {key}: etag changed")
                 lo = min(start, st.st_size)
                 hi = st.st_size if end is None else min(max(end, lo), st.st_size)
-                data = _pread_all(fd, hi - lo, lo)
+                data = pread_all(fd, hi - lo, lo)
             finally:
                 os.close(fd)
         size = 0 if is_dir else st.st_size
@@ -575,7 +576,7 @@ class LocalStore(StoreBase):
                 os.unlink(tmp)
             raise
         if self.fsync:
-            _fsync_dir(parent)
+            fsync_dir(parent)
         return ObjectInfo(key, st.st_size, _etag(st), st.st_mtime_ns, dict(metadata or {}))
 
     async def copy(
@@ -796,31 +797,6 @@ class _Continuations:
         if time.monotonic() - hit[1] > CONTINUATION_TTL_S:
             return None
         return hit[2]
-
-
-def _pread_all(fd: int, n: int, offset: int) -> bytes:
-    if n <= 0:
-        return b""
-    data = os.pread(fd, n, offset)
-    if len(data) == n or not data:
-        return data
-    chunks = [data]
-    got = len(data)
-    while got < n:
-        more = os.pread(fd, n - got, offset + got)
-        if not more:
-            break
-        chunks.append(more)
-        got += len(more)
-    return b"".join(chunks)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _roll_up(
