@@ -8,6 +8,7 @@ per file" readable. Must not: import nfsproto or know about NFS; the gateway map
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -174,7 +175,44 @@ class ObjectStore(Protocol):
     async def close(self) -> None: ...
 
 
-class StoreWrapper:
+class StoreBase(ABC):
+    """The template every store class builds on: the one signature of ``list_page`` and
+    ``get`` (as ``ObjectStore`` documents them) and the range check, over the ``_list_page``
+    and ``_get`` a store implements with every argument given. Costs one coroutine frame per
+    request."""
+
+    name: str
+
+    async def list_page(
+        self,
+        prefix: str,
+        *,
+        delimiter: str | None = "/",
+        token: str | None = None,
+        start_after: str | None = None,
+        max_keys: int = 1000,
+    ) -> ListPage:
+        return await self._list_page(prefix, delimiter, token, start_after, max_keys)
+
+    async def get(
+        self, key: str, start: int = 0, end: int | None = None, *, if_match: str | None = None
+    ) -> GetResult:
+        if start < 0 or (end is not None and end < 0):
+            raise ValueError(f"bad range [{start}, {end})")
+        return await self._get(key, start, end, if_match)
+
+    @abstractmethod
+    async def _list_page(
+        self, prefix: str, delimiter: str | None, token: str | None, after: str | None, limit: int
+    ) -> ListPage: ...
+
+    @abstractmethod
+    async def _get(
+        self, key: str, start: int, end: int | None, if_match: str | None
+    ) -> GetResult: ...
+
+
+class StoreWrapper(StoreBase):
     """An ``ObjectStore`` that hands every request to ``inner`` unchanged; a wrapper that
     changes some (a pack's store answers GETs from shards, a test's spy records them)
     subclasses it and overrides only those."""
@@ -187,26 +225,18 @@ class StoreWrapper:
     def traits(self) -> StoreTraits:
         return self.inner.traits
 
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        token: str | None = None,
-        start_after: str | None = None,
-        max_keys: int = 1000,
+    async def _list_page(
+        self, prefix: str, delimiter: str | None, token: str | None, after: str | None, limit: int
     ) -> ListPage:
         return await self.inner.list_page(
-            prefix, delimiter=delimiter, token=token, start_after=start_after, max_keys=max_keys
+            prefix, delimiter=delimiter, token=token, start_after=after, max_keys=limit
         )
+
+    async def _get(self, key: str, start: int, end: int | None, if_match: str | None) -> GetResult:
+        return await self.inner.get(key, start, end, if_match=if_match)
 
     async def head(self, key: str) -> ObjectInfo:
         return await self.inner.head(key)
-
-    async def get(
-        self, key: str, start: int = 0, end: int | None = None, *, if_match: str | None = None
-    ) -> GetResult:
-        return await self.inner.get(key, start, end, if_match=if_match)
 
     async def put(
         self, key: str, data: bytes, metadata: Mapping[str, str] | None = None

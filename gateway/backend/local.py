@@ -1,10 +1,11 @@
 """The local-directory backend (``file:///dir``): the ``ObjectStore`` contract over a
 directory tree, for tests and for exporting a local directory.
 
-Owns: the mapping key <-> path, S3-shaped listings (UTF-8 byte order, delimiter roll-up into
-common prefixes, opaque continuation tokens), etags, atomic puts, multipart uploads and the
-metadata sidecar. Must not: block the event loop (every file operation runs in this store's
-small thread pool, or in its lister process), follow a key outside the root, or import nfsproto.
+Owns: the mapping key <-> path, atomic puts, multipart uploads, the metadata sidecar, and
+where listings run (the pool or the lister process); the listings themselves (S3-shaped
+pages, etags, continuation tokens) are ``locallist.py``'s. Must not: block the event loop
+(every file operation runs in this store's small thread pool, or in its lister process),
+follow a key outside the root, or import nfsproto.
 
 Model:
 
@@ -28,22 +29,19 @@ Model:
 - delete of a missing key succeeds (S3 semantics); delete of ``a/`` removes the directory
   only when empty.
 - Listings: one ``scandir`` per listing (the rest of a page is kept for the next,
-  ``_Continuations``), a ``stat`` per file that makes the page. With ``list_process``
+  ``locallist._Continuations``), a ``stat`` per file that makes the page. With ``list_process``
   (``open_store`` sets it) one-level listings run in a lister process of their own
   (``_child_list``): there the ``stat`` calls do not trade the interpreter lock with the event
   loop and the READ threads, which cost ~8x the listing's own CPU during a cold epoch; it is
   started on the first listing and again after it dies (that listing fails, the next works).
 
-One module although it is past 600 lines: every operation below is a blocking half over the
-one model above (paths, markers, sidecars, atomic installs) and an async half that sends it
-to the pool; split, no part would read without the others.
+Every operation below is a blocking half over the one model above (paths, markers, sidecars,
+atomic installs) and an async half that sends it to the pool.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import bisect
 import contextlib
 import contextvars
 import errno
@@ -54,14 +52,11 @@ import multiprocessing
 import os
 import shutil
 import stat
-import threading
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO, Final, TypeVar
 
@@ -74,56 +69,26 @@ from gateway.backend.base import (
     ObjectNotFound,
     PreconditionFailed,
     RequestObserver,
+    StoreBase,
     StoreTraits,
 )
 from gateway.backend.dirwatch import DirWatch, WatchToken
+from gateway.backend.locallist import HIDDEN_PREFIX, Lister, decode_token, object_info
+from gateway.backend.locallist import etag as _etag
+from gateway.fileio import fsync_dir, pread_all
 
 T = TypeVar("T")
 
-HIDDEN_PREFIX: Final = ".nfsgw-"
 META_DIR: Final = ".nfsgw-meta"
 _TMP_PREFIX: Final = ".nfsgw-tmp-"
 _COPY_CHUNK: Final = 1 << 20
-_FIRST = itemgetter(0)
-
-QUIET_NS: Final = 1_000_000_000
-"""A listing's rest is kept for its next page only if its directory had not changed for this
-long: directory mtimes move in clock ticks, so a directory changed within the last tick could
-change again without its mtime moving."""
-CONTINUATION_TTL_S: Final = 30.0
-CONTINUATION_ITEMS_MAX: Final = 100_000
-"""Entries kept in all listings' rests together (~300 B each: ~30 MB at most); a rest larger
-than this is not kept (its next page scans the directory again)."""
 
 
 class InvalidKey(BackendError):
     """A key that cannot name a file under the root (absolute, ``..``, empty segment...)."""
 
 
-def _etag(st: os.stat_result) -> str:
-    return f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
-
-
-def _encode_token(key: str) -> str:
-    return base64.urlsafe_b64encode(key.encode("utf-8")).decode("ascii")
-
-
-def _decode_token(token: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8")
-    except (ValueError, UnicodeError):
-        raise BackendError(f"bad continuation token {token!r}") from None
-
-
-def _is_utf8(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:  # os.fsdecode's surrogate escapes: bytes that are not UTF-8
-        return False
-    return True
-
-
-class LocalStore:
+class LocalStore(StoreBase):
     """``ObjectStore`` over the directory ``root``. ``workers`` bounds the threads doing
     file I/O; ``fsync=True`` makes put/complete durable before they return."""
 
@@ -151,7 +116,7 @@ class LocalStore:
         self._observer = observer
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nfsgw-local")
         self._meta_root = os.path.join(self.root, META_DIR)
-        self._continued = _Continuations()
+        self._listing = Lister(self._prefix_dir, self._resolves_inside)
         self._list_process = list_process
         self._lister: ProcessPoolExecutor | None = None
         self._watch: DirWatch | None = None
@@ -238,6 +203,12 @@ class LocalStore:
         """Symlinks may point anywhere; what they resolve to must stay under the root."""
         self._check_real(path, os.path.realpath(path))
 
+    def _resolves_inside(self, path: str) -> bool:
+        return self._inside(os.path.realpath(path))
+
+    def _inside(self, real: str) -> bool:
+        return real == self.root or real.startswith(self.root + os.sep)
+
     def _check_opened(self, fd: int, path: str) -> None:
         """``_check_inside`` for a file already open: where the kernel says ``fd`` is (one
         readlink of /proc/self/fd, and no window between the check and the open), instead of
@@ -249,7 +220,7 @@ class LocalStore:
         self._check_real(path, real.removesuffix(" (deleted)"))
 
     def _check_real(self, path: str, real: str) -> None:
-        if real != self.root and not real.startswith(self.root + os.sep):
+        if not self._inside(real):
             raise InvalidKey(f"{path}: resolves outside the export root")
 
     def _prefix_dir(self, dir_key: str) -> str | None:
@@ -308,25 +279,19 @@ class LocalStore:
 
     # ------------------------------------------------------------------------ listing
 
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        token: str | None = None,
-        start_after: str | None = None,
-        max_keys: int = 1000,
+    async def _list_page(
+        self, prefix: str, delimiter: str | None, token: str | None, after: str | None, limit: int
     ) -> ListPage:
-        after = _decode_token(token) if token else (start_after or "")
+        start = decode_token(token) if token else (after or "")
         if self._list_process and delimiter == "/":
-            return await self._run("list", self._list_in_process(prefix, after, max(1, max_keys)))
+            return await self._run("list", self._list_in_process(prefix, start, max(1, limit)))
         return await self._run(
             "list",
-            functools.partial(self._list_blocking, prefix, delimiter, after, max(1, max_keys)),
+            functools.partial(self._listing.list_blocking, prefix, delimiter, start, max(1, limit)),
         )
 
     async def _list_in_process(self, prefix: str, after: str, max_keys: int) -> ListPage:
-        """``_list_blocking`` (one level) in the lister process (see ``_child_list``)."""
+        """``Lister.list_blocking`` (one level) in the lister process (see ``_child_list``)."""
         if self._lister is None:
             self._lister = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         lister = self._lister
@@ -342,138 +307,6 @@ class LocalStore:
         objects = [ObjectInfo(k, size, etag, mtime) for k, size, etag, mtime in rows]
         return ListPage(objects, prefixes, token, skipped)
 
-    def _list_blocking(
-        self, prefix: str, delimiter: str | None, after: str, max_keys: int
-    ) -> ListPage:
-        skipped = [0]
-        dir_key, _, name_prefix = prefix.rpartition("/")
-        dir_key = dir_key + "/" if dir_key else ""
-        # (key or common prefix, its info, a file not stat-ed yet, or None for a prefix)
-        items: list[tuple[str, ObjectInfo | os.DirEntry[str] | None]]
-        stamp = None
-        if delimiter == "/":
-            dir_path = self._prefix_dir(dir_key)
-            stamp = _quiet_stamp(dir_path) if dir_path is not None else None
-            rest = self._continued.take(prefix, after, stamp) if after else None
-            if rest is not None:
-                items = rest
-            else:
-                items = self._one_level(dir_key, dir_path, name_prefix, skipped)
-                items.sort(key=_FIRST)  # code-point order == UTF-8 byte order
-        else:
-            flat = sorted(self._walk(dir_key, name_prefix, skipped), key=lambda o: o.key)
-            items = list(_roll_up(flat, prefix, delimiter or None))
-            items.sort(key=_FIRST)
-        if after and items and items[0][0] <= after:
-            items = items[bisect.bisect_right(items, after, key=_FIRST) :]
-        page, rest = items[:max_keys], items[max_keys:]
-        objects: list[ObjectInfo] = []
-        info_of = self._info
-        for k, info in page:
-            if isinstance(info, os.DirEntry):
-                # Only the page's files are stat-ed (a 1,000-key page of a 1,281-file
-                # directory: not the other 281, nor the first page's 1,000 again).
-                try:
-                    info = info_of(k, info.stat())
-                except FileNotFoundError:  # removed while we looked
-                    continue
-            if info is not None:
-                objects.append(info)
-        prefixes = [k for k, info in page if info is None]
-        next_token = None
-        if rest:
-            next_token = _encode_token(page[-1][0])
-            if stamp is not None:
-                self._continued.put(prefix, page[-1][0], stamp, rest)
-        return ListPage(objects, prefixes, next_token, skipped[0])
-
-    def _entries(self, dir_path: str, skipped: list[int]) -> list[os.DirEntry[str]]:
-        """The entries of ``dir_path`` a listing may show: not ours, UTF-8, and symlinks
-        only when they resolve inside the root (counted in ``skipped`` otherwise)."""
-        out: list[os.DirEntry[str]] = []
-        try:
-            it = os.scandir(dir_path)
-        except (FileNotFoundError, NotADirectoryError):
-            return out
-        with it:
-            for e in it:
-                name = e.name
-                if name.startswith(HIDDEN_PREFIX):
-                    continue
-                if not name.isascii() and not _is_utf8(name):
-                    skipped[0] += 1
-                    continue
-                if e.is_symlink():
-                    try:
-                        self._check_inside(e.path)
-                    except InvalidKey:
-                        skipped[0] += 1
-                        continue
-                out.append(e)
-        return out
-
-    def _info(self, key: str, st: os.stat_result) -> ObjectInfo:
-        size = 0 if stat.S_ISDIR(st.st_mode) else st.st_size
-        return ObjectInfo(key, size, _etag(st), st.st_mtime_ns)
-
-    def _marker(self, dir_key: str, dir_path: str) -> ObjectInfo | None:
-        """The directory's own marker object (``a/`` in a listing of prefix ``a/``)."""
-        if not dir_key:
-            return None
-        try:
-            st = os.stat(dir_path)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        return self._info(dir_key, st) if stat.S_ISDIR(st.st_mode) else None
-
-    def _one_level(
-        self, dir_key: str, dir_path: str | None, name_prefix: str, skipped: list[int]
-    ) -> list[tuple[str, ObjectInfo | os.DirEntry[str] | None]]:
-        """The directory's marker, subdirectories (as prefixes) and files (not stat-ed yet:
-        only those that make the page are), unsorted; one loop, no generator (this runs for
-        every entry of every re-list)."""
-        items: list[tuple[str, ObjectInfo | os.DirEntry[str] | None]] = []
-        if dir_path is None:
-            return items
-        if not name_prefix and (m := self._marker(dir_key, dir_path)) is not None:
-            items.append((dir_key, m))
-        for e in self._entries(dir_path, skipped):
-            name = e.name
-            if name_prefix and not name.startswith(name_prefix):
-                continue
-            try:
-                if e.is_dir():
-                    items.append((f"{dir_key}{name}/", None))
-                elif e.is_file():
-                    items.append((f"{dir_key}{name}", e))
-            except FileNotFoundError:  # removed while we looked
-                continue
-        return items
-
-    def _walk(self, dir_key: str, name_prefix: str, skipped: list[int]) -> Iterator[ObjectInfo]:
-        """Every object (files and directory markers) whose key starts with
-        ``dir_key + name_prefix``."""
-        dir_path = self._prefix_dir(dir_key)
-        if dir_path is None:
-            return
-        if not name_prefix and (m := self._marker(dir_key, dir_path)) is not None:
-            yield m
-        stack = [(dir_key, dir_path, name_prefix)]
-        while stack:
-            k, p, np = stack.pop()
-            for e in self._entries(p, skipped):
-                if np and not e.name.startswith(np):
-                    continue
-                try:
-                    if e.is_dir():
-                        sub = f"{k}{e.name}/"
-                        yield self._info(sub, e.stat())
-                        stack.append((sub, e.path, ""))
-                    elif e.is_file():
-                        yield self._info(f"{k}{e.name}", e.stat())
-                except FileNotFoundError:
-                    continue
-
     # -------------------------------------------------------------------- head / get
 
     async def head(self, key: str) -> ObjectInfo:
@@ -485,20 +318,11 @@ class LocalStore:
         st = os.stat(path)
         if stat.S_ISDIR(st.st_mode) != is_dir:
             raise ObjectNotFound(f"head {key}: no such object")
-        info = self._info(key, st)
+        info = object_info(key, st)
         info.metadata = self._read_meta(key, st)
         return info
 
-    async def get(
-        self,
-        key: str,
-        start: int = 0,
-        end: int | None = None,
-        *,
-        if_match: str | None = None,
-    ) -> GetResult:
-        if start < 0 or (end is not None and end < 0):
-            raise ValueError(f"bad range [{start}, {end})")
+    async def _get(self, key: str, start: int, end: int | None, if_match: str | None) -> GetResult:
         return await self._run(
             "get", functools.partial(self._get_blocking, key, start, end, if_match)
         )
@@ -526,7 +350,7 @@ class LocalStore:
                     raise PreconditionFailed(f"get {key}: etag changed")
                 lo = min(start, st.st_size)
                 hi = st.st_size if end is None else min(max(end, lo), st.st_size)
-                data = _pread_all(fd, hi - lo, lo)
+                data = pread_all(fd, hi - lo, lo)
             finally:
                 os.close(fd)
         size = 0 if is_dir else st.st_size
@@ -590,7 +414,7 @@ class LocalStore:
                 os.unlink(tmp)
             raise
         if self.fsync:
-            _fsync_dir(parent)
+            fsync_dir(parent)
         return ObjectInfo(key, st.st_size, _etag(st), st.st_mtime_ns, dict(metadata or {}))
 
     async def copy(
@@ -756,105 +580,6 @@ def _child_list(
     store = _CHILD_STORES.get(root)
     if store is None:
         store = _CHILD_STORES[root] = LocalStore(root)
-    page = store._list_blocking(prefix, "/", after, max_keys)
+    page = store._listing.list_blocking(prefix, "/", after, max_keys)
     rows = [(o.key, o.size, o.etag, o.mtime_ns) for o in page.objects]
     return rows, page.prefixes, page.next_token, page.skipped
-
-
-Stamp = tuple[int, int]
-Rest = list[tuple[str, ObjectInfo | os.DirEntry[str] | None]]
-
-
-def _quiet_stamp(dir_path: str) -> Stamp | None:
-    """(inode, mtime_ns) of a directory unchanged for ``QUIET_NS``, else None."""
-    try:
-        st = os.stat(dir_path)
-    except OSError:
-        return None
-    if time.time_ns() - st.st_mtime_ns < QUIET_NS:
-        return None
-    return st.st_ino, st.st_mtime_ns
-
-
-class _Continuations:
-    """The rest of a one-level listing (its entries past the page, sorted, files not stat-ed),
-    kept for the request that continues it: a directory of 1,281 files is scanned once per
-    listing, not once per 1,000-key page. A rest is used once, only while its directory's
-    stamp is unchanged (no entry added, removed or renamed since), within
-    ``CONTINUATION_TTL_S``; the oldest are dropped past ``CONTINUATION_ITEMS_MAX`` entries. Used
-    from the pool's threads, hence the lock."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._rests: OrderedDict[tuple[str, str], tuple[Stamp, float, Rest]] = OrderedDict()
-        self._items = 0
-
-    def put(self, prefix: str, last_key: str, stamp: Stamp, rest: Rest) -> None:
-        if len(rest) > CONTINUATION_ITEMS_MAX:
-            return
-        with self._lock:
-            old = self._rests.pop((prefix, last_key), None)
-            if old is not None:
-                self._items -= len(old[2])
-            self._rests[(prefix, last_key)] = (stamp, time.monotonic(), rest)
-            self._items += len(rest)
-            while self._items > CONTINUATION_ITEMS_MAX:
-                self._items -= len(self._rests.popitem(last=False)[1][2])
-
-    def take(self, prefix: str, after: str, stamp: Stamp | None) -> Rest | None:
-        with self._lock:
-            hit = self._rests.pop((prefix, after), None)
-            if hit is not None:
-                self._items -= len(hit[2])
-        if hit is None or stamp is None or hit[0] != stamp:
-            return None
-        if time.monotonic() - hit[1] > CONTINUATION_TTL_S:
-            return None
-        return hit[2]
-
-
-def _pread_all(fd: int, n: int, offset: int) -> bytes:
-    if n <= 0:
-        return b""
-    data = os.pread(fd, n, offset)
-    if len(data) == n or not data:
-        return data
-    chunks = [data]
-    got = len(data)
-    while got < n:
-        more = os.pread(fd, n - got, offset + got)
-        if not more:
-            break
-        chunks.append(more)
-        got += len(more)
-    return b"".join(chunks)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _roll_up(
-    flat: list[ObjectInfo], prefix: str, delimiter: str | None
-) -> list[tuple[str, ObjectInfo | None]]:
-    """S3's delimiter semantics over a sorted flat listing: a key with ``delimiter`` after
-    ``prefix`` becomes the common prefix up to and including it."""
-    if not delimiter:
-        return [(o.key, o) for o in flat]
-    out: list[tuple[str, ObjectInfo | None]] = []
-    seen: set[str] = set()
-    n = len(prefix)
-    for o in flat:
-        i = o.key.find(delimiter, n)
-        if i < 0:
-            out.append((o.key, o))
-        else:
-            cp = o.key[: i + len(delimiter)]
-            if cp not in seen:
-                seen.add(cp)
-                out.append((cp, None))
-    return out

@@ -33,6 +33,7 @@ from gateway.backend.base import (
     ObjectNotFound,
     PreconditionFailed,
     RequestObserver,
+    StoreBase,
     StoreTraits,
 )
 from gateway.clock import Clock, SystemClock
@@ -78,7 +79,7 @@ def _etag(data: bytes) -> str:
     return '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
 
 
-class MemoryStore:
+class MemoryStore(StoreBase):
     """A fake bucket (already scoped by the caller's full keys, like every ``ObjectStore``).
 
     ``requests`` counts served requests per operation ("list", "head", "get", ...), failed ones
@@ -173,19 +174,13 @@ class MemoryStore:
 
     # -- ObjectStore -------------------------------------------------------------------------
 
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        token: str | None = None,
-        start_after: str | None = None,
-        max_keys: int = 1000,
+    async def _list_page(
+        self, prefix: str, delimiter: str | None, token: str | None, after: str | None, limit: int
     ) -> ListPage:
         # Reads see the bucket as it is when the request arrives; the latency is the response's.
         await self._begin("list", prefix)
         try:
-            return self._list_now(prefix, delimiter, token, start_after, max_keys)
+            return self._list_now(prefix, delimiter, token, after, limit)
         finally:
             await self._delay("list")
 
@@ -290,14 +285,7 @@ class MemoryStore:
         finally:
             await self._delay("head")
 
-    async def get(
-        self,
-        key: str,
-        start: int = 0,
-        end: int | None = None,
-        *,
-        if_match: str | None = None,
-    ) -> GetResult:
+    async def _get(self, key: str, start: int, end: int | None, if_match: str | None) -> GetResult:
         await self._begin("get", key)
         try:
             obj = self._get_obj("get", key)

@@ -74,6 +74,7 @@ from gateway.backend.base import (
     ObjectNotFound,
     PreconditionFailed,
     RequestObserver,
+    StoreBase,
     StoreTraits,
     Unchanged,
 )
@@ -151,7 +152,7 @@ class ChecksumMismatch(BackendError):
     """Every attempt's body failed its checksum: the bytes are not served (NFS3ERR_IO)."""
 
 
-class S3Store:
+class S3Store(StoreBase):
     """``ObjectStore`` over one S3 bucket. Keys are full keys (the export prefix included).
 
     ``endpoint_url`` selects an S3-compatible server (SeaweedFS, MinIO, Ceph RGW);
@@ -601,16 +602,10 @@ class S3Store:
 
     # ------------------------------------------------------------------- operations
 
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        token: str | None = None,
-        start_after: str | None = None,
-        max_keys: int = 1000,
+    async def _list_page(
+        self, prefix: str, delimiter: str | None, token: str | None, after: str | None, limit: int
     ) -> ListPage:
-        page = await self._list(prefix, delimiter, token, start_after, max_keys, b"")
+        page = await self._list(prefix, delimiter, token, after, limit, b"")
         assert isinstance(page, ListPage)
         return page
 
@@ -672,16 +667,7 @@ class S3Store:
 
         return await self._call("head", "HEAD", key, handle=handle, lean=lean)
 
-    async def get(
-        self,
-        key: str,
-        start: int = 0,
-        end: int | None = None,
-        *,
-        if_match: str | None = None,
-    ) -> GetResult:
-        if start < 0 or (end is not None and end < 0):
-            raise ValueError(f"bad range [{start}, {end})")
+    async def _get(self, key: str, start: int, end: int | None, if_match: str | None) -> GetResult:
         if end is not None and end <= start:
             # An empty range cannot be expressed as an HTTP Range; answer from a HEAD.
             info = await self.head(key)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Final
 
 from gateway import fastwire
+from gateway.fileio import pread_all
 
 __all__ = [
     "LAYOUT",
@@ -138,21 +139,6 @@ def _check_header(head: bytes, k: DiskKey) -> tuple[str, int]:
 # ---------------------------------------------------------------------- executor functions
 
 
-def _pread_all(fd: int, n: int, off: int) -> bytes:
-    data = os.pread(fd, n, off)
-    if len(data) == n or not data:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < n:
-        more = os.pread(fd, n - got, off + got)
-        if not more:
-            break
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
-
-
 def read_entry(path: str, k: DiskKey) -> tuple[int, bytes, str]:
     """(HIT, body, "") of a verified entry; (MISS, b"", "") when there is none; (BAD, b"",
     why) when it failed verification (then it is unlinked, unless already replaced)."""
@@ -189,13 +175,13 @@ def _open_verified(path: str, k: DiskKey, mapped: bool) -> tuple[int, memoryview
         if st.st_size != hlen + k.length:
             why = f"size {st.st_size}, expected {hlen + k.length}"
         else:
-            why, crc = _check_header(_pread_all(fd, hlen, 0), k)
+            why, crc = _check_header(pread_all(fd, hlen, 0), k)
             if not why:
                 body: memoryview | bytes
                 if not k.length:
                     body = b""
                 else:
-                    body = (_map(fd, st.st_size, hlen) if mapped else None) or _pread_all(
+                    body = (_map(fd, st.st_size, hlen) if mapped else None) or pread_all(
                         fd, k.length, hlen
                     )
                 if len(body) != k.length:

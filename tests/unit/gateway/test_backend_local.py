@@ -297,8 +297,9 @@ async def test_listing_continues_without_rescanning_a_quiet_directory(
     os.utime(d, ns=(old, old))
     local_store._list_process = False  # the scans are counted in this process
     scans: list[str] = []
-    entries = local_store._entries
-    monkeypatch.setattr(local_store, "_entries", lambda p, s: scans.append(p) or entries(p, s))
+    lister = local_store._listing
+    entries = lister._entries
+    monkeypatch.setattr(lister, "_entries", lambda p, s: scans.append(p) or entries(p, s))
 
     keys, _, pages, _ = await list_all(local_store, "quiet/")
     assert pages == 3 and len(scans) == 1
