@@ -1,8 +1,8 @@
 """Loading a pack index at ImageNet scale (docs/packs.md, "Memory and load time"): 1,281,167
 members in 1,000 folders, written with ``gateway.pack.format.format_index`` and gzipped as
 ``nfsgw pack`` writes it, then parsed as the gateway does at start
-(``gateway.pack.store._parse``, in its thread); reports the parse time, the memory the index
-holds per member (``PackIndex.nbytes``) and the cost of one lookup by path.
+(``gateway.pack.indexload.parse_gzipped_index``, in its thread); reports the parse time, the
+memory the index holds per member (``PackIndex.nbytes``) and the cost of one lookup by path.
 
     .venv/bin/python benchmarks/pack_index.py [--members 1281167]
 
@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.pack.format import Member, Shard, format_index
-from gateway.pack.store import _parse
+from gateway.pack.indexload import parse_gzipped_index
 
 PER_SHARD = 2400  # ~256 MiB of 110 kB files
 
@@ -53,7 +53,7 @@ def main() -> int:
     print(f"index of {n:,} members: {len(raw) / 2**20:.1f} MiB gzipped ({took:.1f} s to write)")
     del members
     t = time.perf_counter()
-    index = _parse(raw, 2 << 30)
+    index = parse_gzipped_index(raw, 2 << 30)
     print(f"parse: {time.perf_counter() - t:.2f} s; held: {index.nbytes() / n:.0f} B per member")
     step = max(1, n // 1000)
     paths = [index.path(i) for i in range(0, n, step)]

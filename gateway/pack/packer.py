@@ -1,11 +1,12 @@
 """``nfsgw pack SRC --to DST``: every object under ``SRC`` into POSIX tar shards plus an index
 under ``DST`` (the layout and the index text: ``gateway.pack.format``, docs/packs.md).
 
-Owns: checking SRC and DST before any work (``check_access``), the packing pipeline
-(``Packer``), resuming an interrupted pack, and writing ``index.tsv.gz`` and
-``unpacked.tsv.gz`` (``gateway.pack.verify`` re-reads a pack to check every member). Must
-not: modify or delete anything under SRC, rewrite a finished shard, or hold more than its
-bounds in memory; it never parses the command line (``gateway.ops.cli`` does).
+Owns: checking SRC and DST before any work (``check_access``) and the packing pipeline (``Packer``);
+it finds what an interrupted pack finished with ``gateway.pack.resume``, writes shards with
+``gateway.pack.shards`` and ``index.tsv.gz`` and ``unpacked.tsv.gz`` with
+``gateway.pack.indexwriter`` (``gateway.pack.verify`` re-reads a pack to check every member). Must
+not: modify or delete anything under SRC, rewrite a finished shard, or hold more than its bounds in
+memory; it never parses the command line (``gateway.ops.cli`` does).
 
 Pipeline, in key order (UTF-8 bytes, as S3 lists):
 
@@ -45,17 +46,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
-import io
-import itertools
-import re
-import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Iterable, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
-from typing import Any, Final, TextIO, cast
+from typing import Any, Final, overload
 
 from gateway.backend.base import (
     BackendError,
@@ -70,28 +66,25 @@ from gateway.namespace.paths import bad_name, key_order
 from gateway.pack.format import (
     BLOCK,
     END_OF_ARCHIVE,
-    INDEX_NAME,
-    PARTS_DIR,
-    UNPACKED_NAME,
     Member,
-    PackError,
     Shard,
-    Unpacked,
-    format_index,
-    format_unpacked,
     member_header,
     padding,
-    parse_part,
     part_lines,
     part_name,
     shard_name,
 )
+from gateway.pack.indexwriter import write_index, write_unpacked
+from gateway.pack.resume import SOURCE_NAME, PackFailed, resume
+from gateway.pack.shards import Finished, ShardWriter, cancel_all, shard_end
+from gateway.progress import Progress
 
 __all__ = [
     "HASH_ON_LOOP_BYTES",
-    "MiB",
     "SOURCE_NAME",
+    "MiB",
     "PackFailed",
+    "PackJob",
     "PackOptions",
     "PackReport",
     "Packer",
@@ -103,14 +96,19 @@ __all__ = [
 ]
 
 MiB: Final = 1 << 20
-SOURCE_NAME: Final = f"{PARTS_DIR}source.url"
-_SHARD_RE: Final = re.compile(r"shard-(\d{6,})\.tar")
-_PART_RE: Final = re.compile(r"shard-(\d{6,})\.tsv")
 HASH_ON_LOOP_BYTES: Final = 1 << 20  # CRC-32 of more than this runs in a thread
 
 
-class PackFailed(Exception):
-    """SRC or DST cannot be used (one line for the user; ``nfsgw pack`` exits 2)."""
+@dataclass(frozen=True, slots=True)
+class PackJob:
+    """What to pack where: ``src_prefix`` of ``src`` into ``dst_prefix`` of ``dst``;
+    ``source_url`` is what the index names as its source (``s3://bucket/prefix/``)."""
+
+    src: ObjectStore
+    src_prefix: str
+    dst: ObjectStore
+    dst_prefix: str
+    source_url: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,86 +155,6 @@ class PackReport:
         return self.skipped_markers + self.skipped_names + self.changed + self.deleted
 
 
-# ------------------------------------------------------------------------------- progress
-
-
-class Progress:
-    """A progress line on ``stream``: redrawn in place on a terminal, one line every
-    ``interval_s`` otherwise. Totals may be unknown (still counting): the ETA is then a lower
-    bound ("ETA >= ...")."""
-
-    def __init__(
-        self, label: str, stream: TextIO | None = None, *, interval_s: float | None = None
-    ) -> None:
-        self.label = label
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.interval_s = interval_s if interval_s is not None else (0.25 if self.tty else 5.0)
-        self.files = 0
-        self.bytes = 0
-        self.total_files = 0
-        self.total_bytes = 0
-        self.counting = True
-        self.t0 = time.monotonic()
-        self._last = self.t0
-        self._drawn = False
-
-    def add(self, files: int, nbytes: int) -> None:
-        self.files += files
-        self.bytes += nbytes
-        self.tick()
-
-    def tick(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < self.interval_s:
-            return
-        self._last = now
-        line = self.line(now)
-        if self.tty:
-            print(f"\r{line}\x1b[K", end="", file=self.stream, flush=True)
-        else:
-            print(line, file=self.stream, flush=True)
-        self._drawn = True
-
-    def line(self, now: float | None = None) -> str:
-        now = time.monotonic() if now is None else now
-        dt = max(now - self.t0, 1e-9)
-        rate = self.bytes / dt
-        total = max(self.total_bytes, self.bytes)
-        frac = self.bytes / total if total else 0.0
-        n = int(frac * 20)
-        eta = ""
-        if rate > 0 and total:
-            eta = f", ETA {'>= ' if self.counting else ''}{_duration((total - self.bytes) / rate)}"
-        of = "" if self.counting else f"/{max(self.total_files, self.files)}"
-        return (
-            f"{self.label} [{'#' * n}{'.' * (20 - n)}] {frac:4.0%} {self.files}{of} files, "
-            f"{self.bytes / 1e6:.1f}/{total / 1e6:.1f} MB, {rate / 1e6:.1f} MB/s{eta}"
-        )
-
-    def close(self) -> None:
-        if self._drawn and self.tty:
-            print(file=self.stream, flush=True)
-
-
-async def cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
-    """Cancel ``tasks`` and wait for them to end (their errors dropped; a cancellation of
-    the caller is not)."""
-    ts = list(tasks)
-    for t in ts:
-        t.cancel()
-    await asyncio.gather(*ts, return_exceptions=True)
-
-
-def _duration(s: float) -> str:
-    s = max(0, int(s))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
-
-
 # ----------------------------------------------------------------------------- set-up
 
 
@@ -277,15 +195,6 @@ def nested(src_location: str, src_prefix: str, dst_location: str, dst_prefix: st
 
 
 @dataclass(slots=True)
-class _Done:
-    """A finished shard: its table row, member count and last path."""
-
-    shard: Shard
-    count: int
-    last: str
-
-
-@dataclass(slots=True)
 class _Object:
     info: ObjectInfo
     path: str  # relative to SRC
@@ -319,94 +228,45 @@ class _Stop(Exception):
     """``stop_after_shards`` reached."""
 
 
-class _ShardWriter:
-    """One shard as one multipart upload: bytes in, ``part_size`` parts out, at most
-    ``uploads`` in flight."""
-
-    def __init__(self, store: ObjectStore, key: str, part_size: int, uploads: int) -> None:
-        self.store = store
-        self.key = key
-        self.part_size = part_size
-        self.uploads = uploads
-        self.size = 0  # bytes written so far (the next member's header offset)
-        self._buf = bytearray()
-        self._upload_id: str | None = None
-        self._inflight: deque[asyncio.Task[tuple[int, str]]] = deque()
-        self._parts: list[tuple[int, str]] = []
-        self._next_part = 1
-
-    async def write(self, data: bytes) -> None:
-        self._buf += data
-        self.size += len(data)
-        while len(self._buf) >= self.part_size:
-            part = bytes(self._buf[: self.part_size])
-            del self._buf[: self.part_size]
-            await self._send(part)
-
-    async def _send(self, part: bytes) -> None:
-        if self._upload_id is None:
-            self._upload_id = await self.store.create_multipart(self.key)
-        while len(self._inflight) >= self.uploads:
-            self._parts.append(await self._inflight.popleft())
-        no = self._next_part
-        self._next_part += 1
-        self._inflight.append(asyncio.create_task(self._upload(no, part)))
-
-    async def _upload(self, no: int, data: bytes) -> tuple[int, str]:
-        assert self._upload_id is not None
-        return no, await self.store.upload_part(self.key, self._upload_id, no, data)
-
-    async def finish(self) -> ObjectInfo:
-        if self._buf or self._next_part == 1:
-            part = bytes(self._buf)
-            self._buf.clear()
-            await self._send(part)
-        while self._inflight:
-            self._parts.append(await self._inflight.popleft())
-        assert self._upload_id is not None
-        info = await self.store.complete_multipart(self.key, self._upload_id, self._parts)
-        self._upload_id = None
-        return info
-
-    async def abort(self) -> None:
-        """Cancel the parts in flight and abort the upload (best effort; never raises but
-        cancellation)."""
-        inflight, self._inflight = self._inflight, deque()
-        await cancel_all(inflight)
-        upload_id, self._upload_id = self._upload_id, None
-        if upload_id is not None:
-            with contextlib.suppress(BackendError):
-                await self.store.abort_multipart(self.key, upload_id)
-
-
-def shard_end(last: Member) -> int:
-    """The size of a shard whose last member is ``last``."""
-    return last.offset + last.size + len(padding(last.size)) + len(END_OF_ARCHIVE)
-
-
 class Packer:
-    """Packs ``src_prefix`` of ``src`` into ``dst_prefix`` of ``dst`` (module docstring).
-    ``source_url`` is what the index names as its source (``s3://bucket/prefix/``)."""
+    """Packs ``job`` (module docstring): ``Packer(job, options, progress).run()``. The
+    older form ``Packer(src, src_prefix, dst, dst_prefix, source_url, options, progress)``
+    still works."""
 
+    @overload
+    def __init__(
+        self, job: PackJob, options: PackOptions | None = None, progress: Progress | None = None
+    ) -> None: ...
+
+    @overload
     def __init__(
         self,
-        src: ObjectStore,
+        job: ObjectStore,
         src_prefix: str,
         dst: ObjectStore,
         dst_prefix: str,
         source_url: str,
         options: PackOptions | None = None,
         progress: Progress | None = None,
+        /,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        job: PackJob | ObjectStore,
+        *args: Any,
+        options: PackOptions | None = None,
+        progress: Progress | None = None,
     ) -> None:
-        self.src = src
-        self.src_prefix = src_prefix
-        self.dst = dst
-        self.dst_prefix = dst_prefix
-        self.source_url = source_url
-        self.opt = options or PackOptions()
-        self.progress = progress
-        self.report = PackReport(source_url)
-        self._done: list[_Done] = []
+        if not isinstance(job, PackJob):  # the older form: the job's fields first
+            job, args = PackJob(job, *args[:4]), args[4:]
+        if args:
+            options, progress = (*args, progress)[:2]
+        self.job = job
+        self.opt: PackOptions = options or PackOptions()
+        self.progress: Progress | None = progress
+        self.report = PackReport(job.source_url)
+        self._done: list[Finished] = []
         self._excluded: set[str] = set()
         self._skip_hw = b""  # skipped keys up to here are counted (a redone shard re-lists)
         self._page_hw = b""
@@ -424,7 +284,10 @@ class Packer:
     async def run(self) -> PackReport:
         t0 = time.monotonic()
         r = self.report
-        await self._resume()
+        job = self.job
+        resumed = await resume(job.dst, job.dst_prefix, job.source_url)
+        self._done = resumed.done
+        r.rewritten = resumed.rewritten
         r.resumed_shards = len(self._done)
         r.resumed_files = sum(d.count for d in self._done)
         counter = asyncio.create_task(self._count(self._after()))
@@ -449,88 +312,15 @@ class Packer:
         r.total_files = sum(d.count for d in self._done)
         r.total_bytes = sum(d.shard.size for d in self._done)
         if not r.stopped:
-            r.index_key = await self._write_index()
-            r.unpacked = await self._write_unpacked()
+            r.index_key = await write_index(job.dst, job.dst_prefix, job.source_url, self._done)
+            r.unpacked = await write_unpacked(
+                job.src, job.src_prefix, job.dst, job.dst_prefix, self._done
+            )
         r.seconds = time.monotonic() - t0
         return r
 
     def _after(self) -> str | None:
-        return self.src_prefix + self._done[-1].last if self._done else None
-
-    # --------------------------------------------------------------------- resume
-
-    async def _list_all(self, prefix: str) -> list[ObjectInfo]:
-        out: list[ObjectInfo] = []
-        token: str | None = None
-        while True:
-            page = await self.dst.list_page(prefix, token=token)
-            out.extend(page.objects)
-            token = page.next_token
-            if token is None:
-                return out
-
-    async def _resume(self) -> None:
-        """Find the finished shards (module docstring); record SRC for a fresh pack."""
-        dp = self.dst_prefix
-        shards: dict[int, int] = {}
-        for o in await self._list_all(dp):
-            m = _SHARD_RE.fullmatch(o.key[len(dp) :])
-            if m:
-                shards[int(m.group(1))] = o.size
-        parts: dict[int, str] = {}
-        has_source = False
-        for o in await self._list_all(dp + PARTS_DIR):
-            name = o.key[len(dp) + len(PARTS_DIR) :]
-            m = _PART_RE.fullmatch(name)
-            if m:
-                parts[int(m.group(1))] = o.key
-            has_source |= o.key == dp + SOURCE_NAME
-        if has_source:
-            got = (await self.dst.get(dp + SOURCE_NAME)).data.decode("utf-8", "replace").strip()
-            if got != self.source_url:
-                raise PackFailed(
-                    f"{dp or 'DST'} holds a pack of {got}, not of {self.source_url}: "
-                    "pack into another prefix"
-                )
-        else:
-            await self.dst.put(dp + SOURCE_NAME, self.source_url.encode() + b"\n")
-
-        async def load(no: int) -> list[Member] | None:
-            data = (await self.dst.get(parts[no])).data
-            try:
-                return parse_part(io.StringIO(data.decode("utf-8", "surrogateescape")))
-            except PackError:
-                return None
-
-        # Shard 0, 1, ... in order, 8 part files in flight; only each one's last path is kept.
-        nos = list(itertools.takewhile(parts.__contains__, itertools.count()))
-        window: deque[asyncio.Task[list[Member] | None]] = deque()
-        prev = b""
-        try:
-            for i, no in enumerate(nos):
-                while len(window) < 8 and i + len(window) < len(nos):
-                    window.append(asyncio.create_task(load(nos[i + len(window)])))
-                members = await window.popleft()
-                bad = "its part file does not parse" if members is None else None
-                if members is not None:
-                    bad = _check_part(no, members, prev)
-                    if bad is None and shards.get(no) != shard_end(members[-1]):
-                        bad = f"the shard has {shards.get(no)} bytes, not {shard_end(members[-1])}"
-                if bad is not None or members is None:
-                    self.report.rewritten = f"{shard_name(no)} is written again: {bad}"
-                    break
-                last = members[-1].path
-                self._done.append(_Done(Shard(no, shard_name(no), shards[no]), len(members), last))
-                prev = key_order(last)
-        finally:
-            await cancel_all(window)
-        beyond = sorted(no for no in parts if no > len(self._done))
-        if beyond:
-            raise PackFailed(
-                f"{self.dst_prefix or 'DST'}: shard {len(self._done)} is not finished but part "
-                f"files of later shards exist ({part_name(beyond[0])}): not a pack this command "
-                "wrote; pack into another prefix"
-            )
+        return self.job.src_prefix + self._done[-1].last if self._done else None
 
     # ------------------------------------------------------------------- listing
 
@@ -538,14 +328,12 @@ class Packer:
         self, after: str | None, *, count_skips: bool
     ) -> AsyncGenerator[_Object, None]:
         """The objects to pack after ``after`` (a full key), in key order."""
-        sp = self.src_prefix
+        sp, src = self.job.src_prefix, self.job.src
         r = self.report
 
         def fetch(token: str | None) -> asyncio.Task[ListPage]:
             return asyncio.create_task(
-                self.src.list_page(
-                    sp, delimiter=None, token=token, start_after=None if token else after
-                )
+                src.list_page(sp, delimiter=None, token=token, start_after=None if token else after)
             )
 
         task = fetch(None)
@@ -604,9 +392,9 @@ class Packer:
     async def _get(self, o: _Object, start: int, end: int) -> bytes:
         info = o.info
         if end - start == info.size:
-            res = await self.src.get(info.key, if_match=info.etag)
+            res = await self.job.src.get(info.key, if_match=info.etag)
         else:
-            res = await self.src.get(info.key, start, end, if_match=info.etag)
+            res = await self.job.src.get(info.key, start, end, if_match=info.etag)
         if res.size != info.size or len(res.data) != end - start:
             raise PreconditionFailed(
                 f"{info.key}: {res.size} bytes now, {info.size} when listed "
@@ -657,7 +445,7 @@ class Packer:
         r = self.report
         opt = self.opt
         progress = self.progress
-        writer: _ShardWriter | None = None
+        writer: ShardWriter | None = None
         members: list[Member] = []
         skip: _Object | None = None  # an object whose first chunk failed: its other chunks
         crc = 0
@@ -688,8 +476,8 @@ class Packer:
                     data = c.task.result()
                     if c.first:
                         if writer is None:
-                            key = self.dst_prefix + shard_name(no)
-                            writer = _ShardWriter(self.dst, key, opt.part_size, opt.uploads)
+                            key = self.job.dst_prefix + shard_name(no)
+                            writer = ShardWriter(self.job.dst, key, opt.part_size, opt.uploads)
                             members = []
                         await writer.write(member_header(o.path, o.info.size, o.info.mtime_ns))
                         data_at = writer.size
@@ -726,7 +514,7 @@ class Packer:
                 if progress is not None:  # the open shard is written again (or not at all)
                     progress.add(-pending[0], -pending[1])
 
-    async def _close(self, writer: _ShardWriter, no: int, members: list[Member]) -> None:
+    async def _close(self, writer: ShardWriter, no: int, members: list[Member]) -> None:
         """Finish shard ``no``: end of archive, complete the upload, then its part file."""
         try:
             await writer.write(END_OF_ARCHIVE)
@@ -738,8 +526,8 @@ class Packer:
         if info.size != size:
             raise BackendError(f"{writer.key}: {info.size} bytes stored, {size} written")
         text = "".join(part_lines(members)).encode("utf-8", "surrogateescape")
-        await self.dst.put(self.dst_prefix + part_name(no), text)
-        self._done.append(_Done(Shard(no, shard_name(no), size), len(members), members[-1].path))
+        await self.job.dst.put(self.job.dst_prefix + part_name(no), text)
+        self._done.append(Finished(Shard(no, shard_name(no), size), len(members), members[-1].path))
         r = self.report
         r.shards += 1
         r.files += len(members)
@@ -747,117 +535,3 @@ class Packer:
         stop = self.opt.stop_after_shards
         if stop is not None and r.shards >= stop:
             raise _Stop
-
-    # ------------------------------------------------------------------------ index
-
-    async def _write_index(self) -> str:
-        """``index.tsv.gz`` from the finished shards' part files, read back one at a time
-        (gzip in a thread; the thread asks the loop for each part file)."""
-        loop = asyncio.get_running_loop()
-        dst, dp = self.dst, self.dst_prefix
-        done = list(self._done)
-
-        def members() -> Iterator[Member]:
-            for d in done:
-                fut = asyncio.run_coroutine_threadsafe(dst.get(dp + part_name(d.shard.no)), loop)
-                data = fut.result().data
-                part = parse_part(io.StringIO(data.decode("utf-8", "surrogateescape")))
-                if len(part) != d.count:
-                    raise PackError(f"{part_name(d.shard.no)} changed while the index was written")
-                yield from part
-
-        def build() -> bytes:
-            out = io.BytesIO()
-            n = sum(d.count for d in done)
-            streamed = cast(list[Member], _Sized(n, members()))  # sized, read as it goes
-            lines = format_index(self.source_url, [d.shard for d in done], streamed)
-            with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=6, mtime=0) as gz:
-                buf: list[str] = []
-                for line in lines:
-                    buf.append(line)
-                    if len(buf) >= 4096:
-                        gz.write("".join(buf).encode("utf-8", "surrogateescape"))
-                        buf.clear()
-                gz.write("".join(buf).encode("utf-8", "surrogateescape"))
-            return out.getvalue()
-
-        body = await asyncio.to_thread(build)
-        key = dp + INDEX_NAME
-        await dst.put(key, body)
-        return key
-
-    async def _unpacked_keys(self) -> list[Unpacked]:
-        """Every key under SRC now that the pack does not hold, in key order: a listing
-        walked against the members (read back from the part files one at a time)."""
-        sp, dst, dp = self.src_prefix, self.dst, self.dst_prefix
-
-        async def packed() -> AsyncGenerator[bytes, None]:
-            for d in list(self._done):
-                data = (await dst.get(dp + part_name(d.shard.no))).data
-                for m in parse_part(io.StringIO(bytes(data).decode("utf-8", "surrogateescape"))):
-                    yield key_order(m.path)
-
-        out: list[Unpacked] = []
-        members = packed()
-        cur: bytes | None = await anext(members, None)
-        token: str | None = None
-        while True:
-            page = await self.src.list_page(sp, delimiter=None, token=token)
-            for o in page.objects:
-                rel = o.key[len(sp) :]
-                k = key_order(rel)
-                while cur is not None and cur < k:
-                    cur = await anext(members, None)
-                if cur == k:
-                    continue  # packed
-                out.append(Unpacked(rel, o.size, o.mtime_ns, o.etag))
-            token = page.next_token
-            if not token:
-                return out
-
-    async def _write_unpacked(self) -> int:
-        """``unpacked.tsv.gz`` (docs/packs.md): what listings from the index must add."""
-        items = await self._unpacked_keys()
-
-        def build() -> bytes:
-            text = "".join(format_unpacked(items)).encode("utf-8", "surrogateescape")
-            return gzip.compress(text, 6, mtime=0)
-
-        await self.dst.put(self.dst_prefix + UNPACKED_NAME, await asyncio.to_thread(build))
-        return len(items)
-
-
-class _Sized(Iterable[Member]):
-    """An iterable that knows its length up front: ``format_index`` writes the count in the
-    header before the members, which stream from the part files."""
-
-    def __init__(self, n: int, it: Iterator[Member]) -> None:
-        self.n = n
-        self.it = it
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self) -> Iterator[Member]:
-        return self.it
-
-
-def _check_part(no: int, members: list[Member], prev: bytes) -> str | None:
-    """Why shard ``no``'s part file does not describe a shard this packer wrote, or None."""
-    if not members:
-        return "no members"
-    end = 0
-    for m in members:
-        k = key_order(m.path)
-        if m.shard != no:
-            return f"{m.path!r} names shard {m.shard}"
-        if k <= prev:
-            return f"{m.path!r} out of key order"
-        if m.offset < end + BLOCK or m.size < 0:
-            return f"{m.path!r} overlaps the member before it"
-        end = m.offset + m.size + len(padding(m.size))
-        prev = k
-    return None
-
-
-# ------------------------------------------------------------------------------ verify

@@ -2,10 +2,12 @@
 answers a whole-object GET of a packed object from its shard, everything else from the
 bucket, so the client sees the original tree and unmodified training code reads it.
 
-Owns: loading the index (``load``: a HEAD and a GET each of the index and the unpacked keys,
-a LIST of the shards, parses off the event loop), deciding per GET whether the shard may
-answer it, the shard range fetches (single-flight per range) and their checks, and listings
-from the index (``list_from_index``: immutable exports, 0 LIST requests). Must not: cache or
+Owns: when the index is loaded and what a failed load means (``load``; the reads and checks
+are ``gateway.pack.indexload``'s: a HEAD and a GET each of the index and the unpacked keys, a
+LIST of the shards, parses off the event loop), deciding per GET whether the shard may
+answer it, the shard range fetches (single-flight per range) and their checks, and when
+listings come from the index (``list_from_index``: immutable exports, 0 LIST requests; the
+pages are ``gateway.pack.listing``'s). Must not: cache or
 write the disk tier (neighbours go to the data layer through ``tiers``,
 ``gateway.pack.tiers``), copy a member out of its group's buffer, or serve bytes it has not
 verified.
@@ -68,10 +70,7 @@ verified.
 from __future__ import annotations
 
 import asyncio
-import gzip
-import io
 import time
-from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -79,25 +78,17 @@ from typing import Final, cast
 
 import structlog
 
-from gateway.backend import parse_store_url
 from gateway.backend.base import (
     BackendError,
     GetResult,
     ListPage,
-    ObjectInfo,
     ObjectStore,
     StoreWrapper,
 )
 from gateway.backend.checksums import crc32
-from gateway.pack.format import (
-    INDEX_NAME,
-    UNPACKED_NAME,
-    PackError,
-    PackIndex,
-    Unpacked,
-    parse_index,
-    parse_unpacked,
-)
+from gateway.pack.format import PackError, PackIndex
+from gateway.pack.indexload import UnpackedKeys, load_pack
+from gateway.pack.listing import list_from_index
 from gateway.pack.tiers import (
     NO_TIERS,
     Deposit,
@@ -229,7 +220,7 @@ class PackedStore(StoreWrapper):
         self.claim_waits = 0
         """Group fetches that waited for another worker's fetch of the group."""
         self.claim_timeouts = 0
-        self._unpacked: list[tuple[bytes, Unpacked]] | None = None
+        self._unpacked: UnpackedKeys | None = None
         self._range_slots = asyncio.Semaphore(self._cfg.max_ranges)
         self._loading = False
         self._settled = asyncio.Event()  # the index is in, failed, or was waited for long enough
@@ -298,7 +289,14 @@ class PackedStore(StoreWrapper):
         timer = asyncio.get_running_loop().call_later(wait_s, self._give_up, wait_s)
         try:
             try:
-                index = await self._load()
+                index, self._unpacked = await load_pack(
+                    self._packs,
+                    self._pack_prefix,
+                    self._source_url,
+                    max_bytes=self._cfg.max_index_bytes,
+                    listings=self._list_from_index,
+                    url=self.url,
+                )
             except (PackError, BackendError, OSError, EOFError, UnicodeDecodeError) as e:
                 self.status = f"pack not used: {e}"
                 self.stats.load_errors += 1
@@ -332,61 +330,6 @@ class PackedStore(StoreWrapper):
             consequence="listings and reads come from the bucket until the index is loaded",
         )
         self._settled.set()
-
-    async def _load(self) -> PackIndex:
-        key = self._pack_prefix + INDEX_NAME
-        try:
-            raw = await self._read_bounded(key)
-        except BackendError as e:
-            raise PackError(f"cannot read the index {key!r}: {e}") from e
-        index = await asyncio.to_thread(_parse, raw, self._cfg.max_index_bytes)
-        if not _same_place(index.source, self._source_url):
-            raise PackError(
-                f"the pack was made from {index.source}, this export serves {self._source_url}"
-            )
-        self._unpacked = await self._load_unpacked()
-        sizes = await self._shard_sizes()
-        for s in index.shards.values():
-            got = sizes.get(s.name)
-            if got != s.size:
-                why = "missing" if got is None else f"{got} B, the index says {s.size} B"
-                raise PackError(f"shard {s.name}: {why}")
-        return index
-
-    async def _load_unpacked(self) -> list[tuple[bytes, Unpacked]] | None:
-        """The keys the pack does not hold (``unpacked.tsv.gz``), sorted; None when the pack
-        has no such list: listings then come from the bucket even on an immutable export."""
-        key = self._pack_prefix + UNPACKED_NAME
-        limit = self._cfg.max_index_bytes
-        try:
-            raw = await self._read_bounded(key)
-            items = await asyncio.to_thread(lambda: parse_unpacked(_gunzip(raw, limit)))
-        except (BackendError, PackError, OSError, EOFError) as e:
-            if self._list_from_index:
-                log.warning("pack_listings_from_bucket", pack=self.url, reason=str(e))
-            return None
-        return sorted((u.path.encode("utf-8", "surrogateescape"), u) for u in items)
-
-    async def _read_bounded(self, key: str) -> bytes:
-        """The object ``key`` of the pack, refused (``PackError``) over ``max_index_bytes``
-        before any byte of it is read."""
-        size = (await self._packs.head(key)).size
-        if size > self._cfg.max_index_bytes:
-            raise PackError(f"{key}: {size} B is over max_index_bytes")
-        return bytes((await self._packs.get(key)).data)
-
-    async def _shard_sizes(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        token: str | None = None
-        while True:
-            page = await self._packs.list_page(
-                self._pack_prefix + "shard-", delimiter="/", token=token
-            )
-            for o in page.objects:
-                out[o.key[len(self._pack_prefix) :]] = o.size
-            token = page.next_token
-            if not token:
-                return out
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -689,7 +632,7 @@ class PackedStore(StoreWrapper):
                 prefix, delimiter=delimiter, token=token, start_after=start_after,
                 max_keys=max_keys,
             )  # fmt: skip
-        return _list(
+        return list_from_index(
             index, self._unpacked, self._source_prefix, prefix, token or start_after, max_keys
         )
 
@@ -705,117 +648,5 @@ class PackedStore(StoreWrapper):
                 await self._packs.close()
 
 
-def _same_place(a: str, b: str) -> bool:
-    """Whether two store URLs name the same bucket and prefix."""
-    try:
-        ua, ub = parse_store_url(a), parse_store_url(b)
-    except ValueError:
-        return False
-    return (ua.scheme, ua.location, ua.prefix) == (ub.scheme, ub.location, ub.prefix)
-
-
 def _same(a: str, b: str) -> bool:
     return a == b or a.strip('"') == b.strip('"')
-
-
-def _gunzip(raw: bytes, limit: int) -> bytes:
-    """``raw`` decompressed, ``PackError`` past ``limit`` bytes (a gzip bomb stops there)."""
-    with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
-        text = gz.read(limit + 1)
-    if len(text) > limit:
-        raise PackError("decompressed over max_index_bytes")
-    return text
-
-
-def _parse(raw: bytes, limit: int) -> PackIndex:
-    return parse_index(_gunzip(raw, limit))
-
-
-def _list(
-    index: PackIndex,
-    unpacked: list[tuple[bytes, Unpacked]],
-    source: str,
-    prefix: str,
-    after: str | None,
-    max_keys: int,
-) -> ListPage:
-    """One ListObjectsV2 page (delimiter "/") from the index and the keys it does not hold:
-    keys and common prefixes under ``prefix`` after ``after``, in key order."""
-    rel = prefix[len(source) :].encode("utf-8", "surrogateescape")
-    a = None if after is None else after[len(source) :].encode("utf-8", "surrogateescape")
-    items: dict[bytes, ObjectInfo | None] = {}  # key -> object, or None: a common prefix
-    _from_index(index, source, rel, a, max_keys + 1, items)
-    _from_unpacked(unpacked, source, rel, a, max_keys + 1, items)
-    keys = sorted(items)
-    objects: list[ObjectInfo] = []
-    prefixes: list[str] = []
-    for k in keys[:max_keys]:
-        info = items[k]
-        if info is None:
-            prefixes.append(source + k.decode("utf-8", "surrogateescape"))
-        else:
-            objects.append(info)
-    more = len(keys) > max_keys
-    last = source + keys[max_keys - 1].decode("utf-8", "surrogateescape") if more else None
-    return ListPage(objects, prefixes, last)
-
-
-def _start(lower_bound: Callable[[bytes], int], rel: bytes, after: bytes | None) -> int:
-    i = lower_bound(rel)
-    if after is not None:
-        if after.endswith(b"/"):  # a common prefix: past everything under it
-            i = max(i, lower_bound(after[:-1] + b"0"))
-        else:
-            i = max(i, lower_bound(after + b"\0"))
-    return i
-
-
-def _from_index(
-    index: PackIndex,
-    source: str,
-    rel: bytes,
-    after: bytes | None,
-    limit: int,
-    items: dict[bytes, ObjectInfo | None],
-) -> None:
-    i = _start(index.lower_bound, rel, after)
-    n, found = len(rel), 0
-    while i < index.n and found < limit:
-        key = index.key(i)
-        if not key.startswith(rel):
-            break
-        slash = key.find(b"/", n)
-        if slash >= 0:
-            items[key[: slash + 1]] = None
-            i = index.lower_bound(key[:slash] + b"0")  # "/" + 1: past the whole subtree
-        else:
-            items[key] = ObjectInfo(source + index.path(i), index.sizes[i], index.etag(i),
-                                    index.mtimes[i])  # fmt: skip
-            i += 1
-        found += 1
-
-
-def _from_unpacked(
-    unpacked: list[tuple[bytes, Unpacked]],
-    source: str,
-    rel: bytes,
-    after: bytes | None,
-    limit: int,
-    items: dict[bytes, ObjectInfo | None],
-) -> None:
-    keys = [k for k, _ in unpacked]
-    i = _start(lambda k: bisect_left(keys, k), rel, after)
-    n, found = len(rel), 0
-    while i < len(keys) and found < limit:
-        key = keys[i]
-        if not key.startswith(rel):
-            break
-        slash = key.find(b"/", n)
-        if slash >= 0:  # under a subdirectory, or its marker: a common prefix
-            items[key[: slash + 1]] = None
-            i = bisect_left(keys, key[:slash] + b"0")
-        else:
-            u = unpacked[i][1]
-            items[key] = ObjectInfo(source + u.path, u.size, u.etag, u.mtime_ns)
-            i += 1
-        found += 1

@@ -28,7 +28,8 @@ from gateway.pack.format import (
     padding,
     parse_index,
 )
-from gateway.pack.packer import HASH_ON_LOOP_BYTES, MiB, PackFailed, Progress, cancel_all
+from gateway.pack.packer import HASH_ON_LOOP_BYTES, MiB, PackFailed, cancel_all
+from gateway.progress import Progress
 
 __all__ = ["VerifyReport", "load_index", "verify"]
 
