@@ -14,7 +14,8 @@ handles back to paths through the index, walks), ``legacymap`` (old long-handle 
 entries packed in a few buffers), ``cookies`` (READDIR cookies and verifiers), ``listing``
 (LIST requests: whole-directory listings and re-lists compared as they arrive, targeted
 lookups), ``directory`` (one cached directory), ``index`` (``Namespace``: the cache of
-directories, TTLs), ``config``. Other layers import the names below from ``gateway.namespace``.
+directories), ``schedule`` (TTLs, when to re-list, listing ahead), ``probes`` (targeted lookups
+of one name), ``config``. Other layers import the names below from ``gateway.namespace``.
 """
 
 from gateway.namespace.config import NamespaceConfig
