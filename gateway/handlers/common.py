@@ -28,6 +28,7 @@ from gateway.errors import (
 from gateway.exports import Export
 from gateway.namespace import Entry, EntryKind
 from gateway.registry import Gateway
+from nfsproto.limits import NAME_MAX
 from nfsproto.nfs3 import (
     ACCESS3_DELETE,
     ACCESS3_EXECUTE,
@@ -98,13 +99,10 @@ async def resolve_opt(gw: Gateway, ctx: CallContext, fh: bytes) -> tuple[Export,
     return None
 
 
-MAX_NAME = 255
-
-
 def check_name(name: bytes) -> str:
     """A component name from the wire -> str. NUL and '/' are invalid in a component;
     names must be UTF-8 (object keys are)."""
-    if len(name) > MAX_NAME:
+    if len(name) > NAME_MAX:
         raise NameTooLong(f"name of {len(name)} bytes")
     if not name or b"/" in name or b"\0" in name:
         raise InvalidArgument(f"bad name {name!r}")

@@ -3,7 +3,8 @@
 Owns: mapping NFS file handles to export-relative paths and paths to attributes, built from
 object listings. Must not: speak XDR or know about RPC (handlers translate ``Entry`` to wire
 attributes and dispatch maps the ``GatewayError``s raised here), or import the write path or
-``gateway.exports`` (both import this layer).
+``gateway.exports`` (both import this layer). Of ``nfsproto`` it imports exactly
+``nfsproto.limits`` (constants: a handle's size, a name's length).
 
 Modules: ``handles`` (handle format, MAC, path hashes), ``resolve`` (``Handles``: hashed
 handles back to paths through the index, walks), ``legacymap`` (old long-handle map),
