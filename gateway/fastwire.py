@@ -37,6 +37,7 @@ import struct
 from types import ModuleType
 from typing import Final, Protocol, cast
 
+from nfsproto.limits import NAME_MAX
 from nfsproto.rpc import RecordError, RecordReader
 from nfsproto.xdr import Buffer
 
@@ -49,7 +50,7 @@ FATTR3_SIZE: Final = 84
 NFS3ERR_NOENT: Final = 2
 MAX_AUTH: Final = 400  # RFC 5531 §8.2: opaque_auth bodies are at most 400 bytes
 MAX_FH: Final = 64  # NFS3_FHSIZE
-MAX_NAME: Final = 255
+MAX_NAME: Final = NAME_MAX
 LAST_FRAGMENT: Final = 0x80000000
 
 Call = tuple[int, int, bytes, bytes, int | bytes, int | bytes]

@@ -1,11 +1,14 @@
 """Export access policy: which clients may use an export, how their credentials are squashed,
 and what the mode bits permit (RFC 1813 §4.4: the server checks permission on every call).
+Which class of a mode a caller gets is decided once, in ``mode_bits`` (``permits`` and ACCESS
+use it); the RFC's exceptions (root, READ by the owner, execute on directories) stay with them.
 
 Must not: count, log or resolve handles (``gateway.registry`` does).
 """
 
 from __future__ import annotations
 
+from gateway.attrs import default_mode
 from gateway.dispatch import CallContext
 from gateway.errors import AccessDenied
 from gateway.exports import Export, ExportConfig
@@ -79,6 +82,17 @@ def sticky_denied(ctx: CallContext, export: Export, d: Entry, victim: Entry) -> 
     return uid not in owners
 
 
+def mode_bits(mode: int, owner: int, group: int, uid: int, gid: int, gids: tuple[int, ...]) -> int:
+    """The R_OK/W_OK/X_OK bits ``mode`` gives a caller (``uid``, ``gid``, ``gids``) on an
+    object of ``owner``:``group``: the owner's class, else the group's when the caller is in
+    the group, else the others' (POSIX; root's exceptions are the callers')."""
+    if uid == owner:
+        return (mode >> 6) & 7
+    if group == gid or group in gids:
+        return (mode >> 3) & 7
+    return mode & 7
+
+
 def permits(ctx: CallContext, export: Export, e: Entry, want: int, *, read: bool = False) -> bool:
     """Whether the caller's mapped identity has ``want`` (R_OK/W_OK/X_OK bits) on ``e`` by
     its mode bits (RFC 1813 §4.4: the server checks permission on every call). Root (when not
@@ -88,24 +102,12 @@ def permits(ctx: CallContext, export: Export, e: Entry, want: int, *, read: bool
     if uid == 0:
         return True
     cfg = export.cfg
-    mode = e.mode
-    if mode is None:
-        kind = e.kind
-        mode = (
-            cfg.dir_mode
-            if kind is EntryKind.DIR
-            else 0o777
-            if kind is EntryKind.SYMLINK
-            else cfg.file_mode
-        )
     owner = cfg.uid if e.uid is None else e.uid
-    if uid == owner:
-        if read:
-            return True
-        bits = mode >> 6
-    else:
-        group = cfg.gid if e.gid is None else e.gid
-        bits = mode >> 3 if group == ctx.gid or group in ctx.gids else mode
+    if read and uid == owner:
+        return True
+    mode = default_mode(cfg, e) if e.mode is None else e.mode
+    group = cfg.gid if e.gid is None else e.gid
+    bits = mode_bits(mode, owner, group, uid, ctx.gid, ctx.gids)
     if bits & want == want:
         return True
     return read and e.kind is EntryKind.FILE and bool(bits & X_OK)

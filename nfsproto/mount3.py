@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Final
 
+from nfsproto import limits
 from nfsproto.xdr import Reader, Writer, XdrError
 
 PROGRAM: Final = 100005
 VERSION: Final = 3
-MNTPATHLEN: Final = 1024
-MNTNAMLEN: Final = 255
-FHSIZE3: Final = 64
+MNTPATHLEN: Final = limits.MNTPATHLEN
+MNTNAMLEN: Final = limits.MNTNAMLEN
+FHSIZE3: Final = limits.NFS3_FHSIZE
 MAX_FLAVORS: Final = 64
 
 

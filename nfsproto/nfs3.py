@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Final, TypeAlias, TypeVar
 
+from nfsproto import limits
 from nfsproto.xdr import (
     U32,
     XDR_FALSE,
@@ -61,13 +62,13 @@ from nfsproto.xdr import (
 PROGRAM: Final = 100003
 VERSION: Final = 3
 
-NFS3_FHSIZE: Final = 64
+NFS3_FHSIZE: Final = limits.NFS3_FHSIZE
 NFS3_COOKIEVERFSIZE: Final = 8
 NFS3_CREATEVERFSIZE: Final = 8
 NFS3_WRITEVERFSIZE: Final = 8
 
 # Decoding limits. RFC 1813 leaves filename3/nfspath3/opaque data<> unbounded; these are ours.
-MAX_NAME: Final = 255  # filename3 bytes
+MAX_NAME: Final = limits.NAME_MAX  # filename3 bytes
 MAX_PATH: Final = 4096  # nfspath3 bytes
 MAX_DATA: Final = 4 * 1024 * 1024  # READ/WRITE opaque data bytes
 

@@ -17,17 +17,17 @@ from gateway.handlers import (
     access,
     create,
     fsinfo,
-    getattr,
+    get_attributes,
+    link,
     lookup,
     mount,
     portmap,
     read,
     readdir,
     readlink,
-    readonly,
     remove,
     rename,
-    setattr,
+    set_attributes,
     write,
 )
 from gateway.registry import Gateway
@@ -35,29 +35,22 @@ from nfsproto import mount3, nfs3
 from nfsproto import portmap as pmap
 from nfsproto.mount3 import Mnt3Res, MountStat3
 from nfsproto.nfs3 import Nfs3Proc, NfsStat3
-from nfsproto.xdr import Reader, Writer
 
 
 async def _null(ctx: CallContext, args: None) -> None:
     return None
 
 
-def _void_args(r: Reader) -> None:
-    return None
-
-
-def _void_res(w: Writer, v: None) -> None:
-    return None
-
-
-_NULL: Procedure[None, None] = Procedure("NULL", _void_args, _void_res, _null, any_auth=True)
+_NULL: Procedure[None, None] = Procedure(
+    "NULL", nfs3.unpack_void, nfs3.pack_void, _null, any_auth=True
+)
 
 Handler = Callable[[Gateway, CallContext, Any], Awaitable[Any]]
 
 # proc -> (handler, result type: the bare failure body from a status)
 _NFS: dict[Nfs3Proc, tuple[Handler, Callable[[NfsStat3], Any]]] = {
-    Nfs3Proc.GETATTR: (getattr.getattr3, nfs3.Getattr3Res),
-    Nfs3Proc.SETATTR: (setattr.setattr3, nfs3.Setattr3Res),
+    Nfs3Proc.GETATTR: (get_attributes.getattr3, nfs3.Getattr3Res),
+    Nfs3Proc.SETATTR: (set_attributes.setattr3, nfs3.Setattr3Res),
     Nfs3Proc.LOOKUP: (lookup.lookup3, nfs3.Lookup3Res),
     Nfs3Proc.ACCESS: (access.access3, nfs3.Access3Res),
     Nfs3Proc.READLINK: (readlink.readlink3, nfs3.Readlink3Res),
@@ -70,7 +63,7 @@ _NFS: dict[Nfs3Proc, tuple[Handler, Callable[[NfsStat3], Any]]] = {
     Nfs3Proc.REMOVE: (remove.remove3, nfs3.Remove3Res),
     Nfs3Proc.RMDIR: (remove.rmdir3, nfs3.Rmdir3Res),
     Nfs3Proc.RENAME: (rename.rename3, nfs3.Rename3Res),
-    Nfs3Proc.LINK: (readonly.link3, nfs3.Link3Res),
+    Nfs3Proc.LINK: (link.link3, nfs3.Link3Res),
     Nfs3Proc.READDIR: (readdir.readdir3, nfs3.Readdir3Res),
     Nfs3Proc.READDIRPLUS: (readdir.readdirplus3, nfs3.Readdirplus3Res),
     Nfs3Proc.FSSTAT: (fsinfo.fsstat3, nfs3.Fsstat3Res),
@@ -113,11 +106,17 @@ def register_all(d: Dispatcher, gw: Gateway) -> None:
                 partial(mount.mnt, gw),
                 _mnt_fail_body,
             ),
-            mp.DUMP: Procedure("DUMP", _void_args, mount3.pack_mountlist, partial(mount.dump, gw)),
-            mp.UMNT: Procedure("UMNT", mount3.unpack_mnt3args, _void_res, partial(mount.umnt, gw)),
-            mp.UMNTALL: Procedure("UMNTALL", _void_args, _void_res, partial(mount.umntall, gw)),
+            mp.DUMP: Procedure(
+                "DUMP", nfs3.unpack_void, mount3.pack_mountlist, partial(mount.dump, gw)
+            ),
+            mp.UMNT: Procedure(
+                "UMNT", mount3.unpack_mnt3args, nfs3.pack_void, partial(mount.umnt, gw)
+            ),
+            mp.UMNTALL: Procedure(
+                "UMNTALL", nfs3.unpack_void, nfs3.pack_void, partial(mount.umntall, gw)
+            ),
             mp.EXPORT: Procedure(
-                "EXPORT", _void_args, mount3.pack_exports, partial(mount.export_list, gw)
+                "EXPORT", nfs3.unpack_void, mount3.pack_exports, partial(mount.export_list, gw)
             ),
         },
     )
@@ -138,7 +137,9 @@ def register_all(d: Dispatcher, gw: Gateway) -> None:
             pp.GETPORT: Procedure(
                 "GETPORT", pmap.unpack_mapping, pmap.pack_port, partial(portmap.getport, gw)
             ),
-            pp.DUMP: Procedure("DUMP", _void_args, pmap.pack_pmaplist, partial(portmap.dump, gw)),
+            pp.DUMP: Procedure(
+                "DUMP", nfs3.unpack_void, pmap.pack_pmaplist, partial(portmap.dump, gw)
+            ),
         },
     )
     # NFSACL (100227) and NLM are deliberately not registered: PROG_UNAVAIL turns the Linux

@@ -27,7 +27,9 @@ from gateway.errors import (
 )
 from gateway.exports import Export
 from gateway.namespace import Entry, EntryKind
+from gateway.policy import R_OK, W_OK, X_OK, mode_bits
 from gateway.registry import Gateway
+from nfsproto.limits import NAME_MAX
 from nfsproto.nfs3 import (
     ACCESS3_DELETE,
     ACCESS3_EXECUTE,
@@ -98,13 +100,10 @@ async def resolve_opt(gw: Gateway, ctx: CallContext, fh: bytes) -> tuple[Export,
     return None
 
 
-MAX_NAME = 255
-
-
 def check_name(name: bytes) -> str:
     """A component name from the wire -> str. NUL and '/' are invalid in a component;
     names must be UTF-8 (object keys are)."""
-    if len(name) > MAX_NAME:
+    if len(name) > NAME_MAX:
         raise NameTooLong(f"name of {len(name)} bytes")
     if not name or b"/" in name or b"\0" in name:
         raise InvalidArgument(f"bad name {name!r}")
@@ -132,13 +131,8 @@ def access_bits(
         r = w = True
         x = e.kind == EntryKind.DIR or bool(a.mode & 0o111)
     else:
-        if uid == a.uid:
-            bits = (a.mode >> 6) & 7
-        elif a.gid == gid or a.gid in gids:
-            bits = (a.mode >> 3) & 7
-        else:
-            bits = a.mode & 7
-        r, w, x = bool(bits & 4), bool(bits & 2), bool(bits & 1)
+        bits = mode_bits(a.mode, a.uid, a.gid, uid, gid, gids)
+        r, w, x = bool(bits & R_OK), bool(bits & W_OK), bool(bits & X_OK)
     allowed = 0
     if r:
         allowed |= ACCESS3_READ

@@ -26,7 +26,7 @@ from gateway.errors import Exists, InvalidArgument, NameTooLong, NotSupported
 from gateway.exports import Export
 from gateway.handlers.common import on_failure
 from gateway.handlers.mutate import lookup_opt, new_object_metadata, prepare
-from gateway.handlers.setattr import apply_sattr
+from gateway.handlers.set_attributes import apply_sattr
 from gateway.namespace import (
     META_CREATEVERF,
     META_MTIME,

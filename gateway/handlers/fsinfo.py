@@ -6,6 +6,7 @@ from __future__ import annotations
 from gateway.attrs import fattr
 from gateway.dispatch import CallContext
 from gateway.registry import Gateway
+from nfsproto.limits import NAME_MAX
 from nfsproto.nfs3 import (
     FSF3_CANSETTIME,
     FSF3_HOMOGENEOUS,
@@ -57,7 +58,7 @@ async def pathconf3(gw: Gateway, ctx: CallContext, args: Pathconf3Args) -> Pathc
         NfsStat3.NFS3_OK,
         fattr(export, entry),
         linkmax=1,
-        name_max=255,
+        name_max=NAME_MAX,
         no_trunc=True,
         chown_restricted=True,
         case_insensitive=False,

@@ -13,6 +13,7 @@ from gateway.exports import Export, Mount
 from gateway.namespace import EntryKind
 from gateway.policy import client_denied
 from gateway.registry import Gateway
+from nfsproto.limits import MNTNAMLEN
 from nfsproto.mount3 import ExportNode, Mnt3Args, Mnt3Res, MountBody, MountStat3
 from nfsproto.rpc import AuthFlavor
 
@@ -51,7 +52,7 @@ async def mnt(gw: Gateway, ctx: CallContext, args: Mnt3Args) -> Mnt3Res:
 
 
 async def dump(gw: Gateway, ctx: CallContext, args: None) -> list[MountBody]:
-    return [MountBody(m.host.encode()[:255], m.path.encode()) for m in gw.mounts]
+    return [MountBody(m.host.encode()[:MNTNAMLEN], m.path.encode()) for m in gw.mounts]
 
 
 async def umnt(gw: Gateway, ctx: CallContext, args: Mnt3Args) -> None:

@@ -3,7 +3,8 @@
 Owns: mapping NFS file handles to export-relative paths and paths to attributes, built from
 object listings. Must not: speak XDR or know about RPC (handlers translate ``Entry`` to wire
 attributes and dispatch maps the ``GatewayError``s raised here), or import the write path or
-``gateway.exports`` (both import this layer).
+``gateway.exports`` (both import this layer). Of ``nfsproto`` it imports exactly
+``nfsproto.limits`` (constants: a handle's size, a name's length).
 
 Modules: ``handles`` (handle format, MAC, path hashes), ``resolve`` (``Handles``: hashed
 handles back to paths through the index, walks), ``legacymap`` (old long-handle map),
@@ -14,7 +15,8 @@ handles back to paths through the index, walks), ``legacymap`` (old long-handle 
 entries packed in a few buffers), ``cookies`` (READDIR cookies and verifiers), ``listing``
 (LIST requests: whole-directory listings and re-lists compared as they arrive, targeted
 lookups), ``directory`` (one cached directory), ``index`` (``Namespace``: the cache of
-directories, TTLs), ``config``. Other layers import the names below from ``gateway.namespace``.
+directories), ``schedule`` (TTLs, when to re-list, listing ahead), ``probes`` (targeted lookups
+of one name), ``config``. Other layers import the names below from ``gateway.namespace``.
 """
 
 from gateway.namespace.config import NamespaceConfig

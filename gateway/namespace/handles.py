@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Final
 
 from gateway.errors import BadHandle
+from nfsproto.limits import NFS3_FHSIZE
 
-FHSIZE: Final = 64  # NFS3_FHSIZE, RFC 1813 §2.4
 VERSION: Final = 1
 FORM_INLINE: Final = 0
 FORM_MAPPED: Final = 1
@@ -58,7 +58,7 @@ FORM_NAMED: Final = 2
 FORM_HASHED: Final = 3
 HEADER_SIZE: Final = 12
 MAC_SIZE: Final = 8
-INLINE_MAX: Final = FHSIZE - HEADER_SIZE  # 52 bytes of path
+INLINE_MAX: Final = NFS3_FHSIZE - HEADER_SIZE  # 52 bytes of path
 DIR_HASH_SIZE: Final = 10
 NAME_HASH_SIZE: Final = 16
 NAME_INLINE_MAX: Final = INLINE_MAX - DIR_HASH_SIZE  # 42 bytes of name
@@ -218,7 +218,7 @@ class HandleCodec:
         """(form, export id, payload) of a well-formed handle with a valid MAC. ``BadHandle``:
         wrong length, version, form or MAC (forged, truncated, another fleet's secret)."""
         n = len(fh)
-        if n < HEADER_SIZE or n > FHSIZE:
+        if n < HEADER_SIZE or n > NFS3_FHSIZE:
             raise BadHandle(f"handle length {n}")
         version, form, export_id = _HEAD.unpack_from(fh)
         if version != VERSION:

@@ -2,15 +2,16 @@
 are, lookups, READDIR, HEAD-backed refreshes, and the mutation hooks the write path calls.
 
 Owns: the collection of cached directories (LRU under a byte budget), when to list (prefetch on
-first touch, background re-lists past the TTL) and when to ask a targeted question instead,
-synthetic directory times, and the errors lookups answer with. Must not: encode handles or wire
-types, HEAD an object per file (HEAD only in ``refresh``), or import the write path or
-``gateway.exports`` (they import this). Backend failures leave as ``GatewayError``s
-(``gateway.errors.from_backend``; a missing object means NOENT here: a name is being resolved).
+first touch; re-lists past the TTL are ``schedule``'s decision) and when to ask a targeted
+question instead (``probes``), synthetic directory times, and the errors lookups answer with.
+Must not: encode handles or wire types, HEAD an object per file (HEAD only in ``refresh``), or
+import the write path or ``gateway.exports`` (they import this). Backend failures leave as
+``GatewayError``s (``gateway.errors.from_backend``; a missing object means NOENT here: a name is
+being resolved).
 
 Decisions (DESIGN §3 "Metadata prefetch"); the others are documented where they are
 implemented (``paths``, ``objmeta``, ``entries``, ``columns``, ``cookies``, ``listing``,
-``directory``):
+``directory``, ``schedule``, ``probes``):
 
 - **Prefetch.** The first lookup/getattr/readdir touching directory D lists D completely (all
   pages) in one task; concurrent callers wait on it. ``getattr(path)`` lists the parent of
@@ -18,31 +19,15 @@ implemented (``paths``, ``objmeta``, ``entries``, ``columns``, ``cookies``, ``li
   turns this off for lookups: every lookup/getattr of a name costs a targeted lookup, its
   answer kept for one TTL, and never starts or uses a directory listing; READDIR still lists.
 - **Huge directories.** Once a listing has fetched more than ``huge_dir_pages`` pages and is
-  still paging, a lookup of a name it has not reached yet costs one targeted lookup instead of
-  waiting for the whole listing. Results are kept per directory (``probes_per_dir``) for one
-  TTL.
+  still paging, a lookup of a name it has not reached yet costs one targeted lookup
+  (``probes``) instead of waiting for the whole listing.
 - **Partial directories.** A listing stops after ``max_list_pages`` pages; the directory is
   then served in partial mode: names up to the last key seen come from memory, others from
   targeted lookups; READDIR returns the cached part and then reports eof with
   ``DirPage.truncated`` set (and ``stats.truncated_dirs``, a warning log), rather than hold an
   unbounded listing.
-- **TTL** (DESIGN §3 "Index at ImageNet scale"; what a user can expect: docs/operations.md
-  "Directory caching and staleness"). A view is fresh for its directory's TTL after its
-  listing *started*, less a random 0-20 % (``JITTER``: directories listed together are
-  re-listed spread over time). The TTL starts at ``attr_ttl_s``, doubles each time a re-list
-  finds the directory unchanged, up to ``attr_ttl_max_s``, and is back at ``attr_ttl_s``
-  after a change or an invalidate (``immutable``: fresh forever); while unchanged, a directory
-  of files has at least ``age_ttl_factor`` x the age of its newest file (within the same
-  bounds). Past that, the view is served to every caller while one background re-list runs
-  (at most ``background_relists`` per export at once; ``current`` callers take the
-  re-list's answer for a name it has passed); past the hard limit, max(``hard_ttl_factor`` x
-  ``attr_ttl_s``, 2 x ``attr_ttl_max_s``) after its listing, callers wait for the re-list. A
-  failed background re-list keeps the old view and is retried after ``retry_after_error_s``.
-- **Change notification.** A store that can say a directory is unchanged (``watch_listing``
-  and ``unchanged_since``: a local export's inotify watches, ``gateway.backend.dirwatch``)
-  is asked first when a view's TTL has passed: unchanged since its listing started, the view
-  is fresh again for its TTL from now (``relists_avoided``), with no re-list; otherwise, or
-  when the store cannot watch it, the re-list goes as above.
+- **TTL, re-lists, change notification, listing ahead**: ``schedule`` (with the table of
+  how a lookup is answered in each state of its directory).
 - **Budget.** ``memory_bytes`` bounds what all directories cost (``Directory.bytes``: their
   columns' buffers as allocated, the entries kept whole, cookies, and ``entries`` constants
   per directory and per entry being listed); the least recently used directories are dropped
@@ -66,11 +51,9 @@ implemented (``paths``, ``objmeta``, ``entries``, ``columns``, ``cookies``, ``li
 from __future__ import annotations
 
 import asyncio
-import math
-import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Final, Literal, Protocol
 
 import structlog
@@ -78,11 +61,11 @@ import structlog
 from gateway.backend.base import BackendError, ListPage, ObjectInfo, ObjectStore
 from gateway.clock import Clock
 from gateway.errors import NameTooLong, NotDirectory, NotFound, StaleHandle, from_backend
-from gateway.namespace.columns import KIND_DIR, Columns
+from gateway.namespace.columns import Columns
 from gateway.namespace.config import NamespaceConfig
 from gateway.namespace.cookies import Verifiers
 from gateway.namespace.dirattrs import DirAttrs
-from gateway.namespace.directory import Directory, Fresh, Rows
+from gateway.namespace.directory import Directory, Rows
 from gateway.namespace.entries import (
     DirPage,
     Entry,
@@ -90,18 +73,14 @@ from gateway.namespace.entries import (
     NamespaceStats,
     file_entry,
 )
-from gateway.namespace.listing import Listing, reached, targeted_lookup
+from gateway.namespace.listing import Listing, reached
 from gateway.namespace.moved import Moved
 from gateway.namespace.paths import NAME_MAX, bad_name, join_path, key_order, split_path
+from gateway.namespace.probes import Probes
+from gateway.namespace.schedule import JITTER as JITTER  # re-exported: tests read it here
+from gateway.namespace.schedule import ListingSchedule
 
 log = structlog.get_logger(__name__)
-
-JITTER: Final = 0.2
-"""A view's freshness ends up to this fraction of its TTL early (never late), at random, so
-directories listed together are re-listed spread over time."""
-
-
-_DIR_KIND: Final = bytes([KIND_DIR])
 
 
 class DirWatcher(Protocol):
@@ -156,25 +135,21 @@ class Namespace:
         self.config = config if config is not None else NamespaceConfig()
         self.stats = stats if stats is not None else NamespaceStats()
         cfg = self.config
-        self._ttl = math.inf if cfg.immutable else cfg.attr_ttl_s
-        self._ttl_max = max(self._ttl, cfg.ttl_max_s())
-        self._hard_ttl = max(self._ttl * cfg.hard_ttl_factor, 2 * self._ttl_max)
-        self._random = random.Random()
-        # Optional store capabilities (a local export's change notification): the base
-        # docstring of ObjectStore.
-        self._watch_listing: Callable[[str], object | None] | None = getattr(
-            store, "watch_listing", None
-        )
-        self._unchanged_since: Callable[[object], bool] | None = getattr(
-            store, "unchanged_since", None
-        )
+        self._schedule = ListingSchedule(cfg, clock, self.stats, store)
         self._dirs: OrderedDict[str, Directory] = OrderedDict()
         self._start_ns = clock.time_ns()
         self._dir_times: OrderedDict[str, int] = OrderedDict()
         self._verifiers = Verifiers(self._start_ns)
-        self._probing: dict[tuple[str, str], asyncio.Task[Entry | None]] = {}
-        self._relisting = 0  # background re-lists in flight
-        self._ahead = 0  # listings ahead of a client's READDIRs in flight
+        self._probes = Probes(
+            store,
+            clock=clock,
+            config=cfg,
+            stats=self.stats,
+            ttl=self._schedule.ttl,
+            dir_entry=self._dir_entry,
+            kept=lambda d: self._dirs.get(d.path) is d,
+            recost=lambda d: self._account(d.recost(), 0),
+        )
         # Directory attributes from marker metadata, and renamed files (silly renames).
         self.dir_attrs = DirAttrs(cfg.dir_times_max)
         self.moved = Moved(cfg.dir_times_max)
@@ -280,7 +255,7 @@ class Namespace:
         if not d.exists:
             await self._raise_dir_missing(dir_path)
         if client and cookie == 0:
-            self._list_ahead(dir_path)
+            self._schedule.list_ahead(dir_path, self._dirs, self._start_listing_of)
         try:
             return d.rows(cookie, max_entries, self.config.removed_cookies_per_dir, self._dir_entry)
         finally:
@@ -365,14 +340,14 @@ class Namespace:
             if pd is not None:
                 pd.probes.pop(name, None)
                 pd.expire()
-                pd.ttl = self._ttl
+                pd.ttl = self._schedule.ttl
                 self._changed(pd)
             else:
                 self._bump_dir_time(parent)
         d = self._dirs.get(path)
         if d is not None:
             d.expire()
-            d.ttl = self._ttl
+            d.ttl = self._schedule.ttl
             self._changed(d)
         if subtree:
             self._forget_subtree(path, keep_self=True)
@@ -388,7 +363,7 @@ class Namespace:
                 and d.listing.task is not None
                 and not d.listing.task.done()
             ]
-            tasks += [t for t in self._probing.values() if not t.done()]
+            tasks += [t for t in self._probes.tasks() if not t.done()]
             if not tasks:
                 return
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -397,7 +372,7 @@ class Namespace:
         for d in list(self._dirs.values()):
             if d.listing is not None and d.listing.task is not None:
                 d.listing.task.cancel()
-        for t in list(self._probing.values()):
+        for t in self._probes.tasks():
             t.cancel()
         await self.quiesce()
 
@@ -409,7 +384,9 @@ class Namespace:
     def _dir(self, path: str) -> Directory:
         d = self._dirs.get(path)
         if d is None:
-            d = Directory(path, f"{self.prefix}{path}/" if path else self.prefix, self._ttl)
+            d = Directory(
+                path, f"{self.prefix}{path}/" if path else self.prefix, self._schedule.ttl
+            )
             self._dirs[path] = d
             self._account(d.bytes, 0)
             self.stats.dirs = len(self._dirs)
@@ -417,30 +394,12 @@ class Namespace:
             self._dirs.move_to_end(path)
         return d
 
-    def _freshness(self, d: Directory) -> Fresh:
-        now = self.clock.monotonic()
-        state = d.freshness(now, self._hard_ttl)
-        if (state == "stale" or state == "expired") and d.watch is not None:
-            # Invalidated (listed_at -inf) or being re-listed: as without notification.
-            unchanged = self._unchanged_since
-            if (
-                d.listing is None
-                and d.listed_at != -math.inf
-                and unchanged is not None
-                and unchanged(d.watch)  # nothing changed since the view's listing started
-            ):
-                d.listed(now, JITTER * self._random.random())
-                self.stats.relists_avoided += 1
-                return "fresh"
-            d.watch = None
-        return state
-
     async def _view(self, d: Directory) -> None:
         """Until the directory has a complete (or partial-mode) view, listing if needed."""
         self._used(d)
-        state = self._freshness(d)
+        state = self._schedule.freshness(d)
         if state == "stale":
-            self._background_relist(d)
+            self._schedule.relist_in_background(d, self._start_listing)
         if d.cols is not None and state != "expired":
             return
         while True:
@@ -460,69 +419,15 @@ class Namespace:
             if d.cols is not None:
                 self.watcher.listed(self.store, d.key_prefix, d.cols)
 
-    def _background_relist(self, d: Directory) -> None:
-        if (
-            d.listing is None
-            and self._relisting < self.config.background_relists
-            and self.clock.monotonic() >= d.retry_at
-        ):
-            lst = self._start_listing(d)
-            self._relisting += 1
-            assert lst.task is not None
-            lst.task.add_done_callback(self._relisted)
-
-    def _relisted(self, _task: asyncio.Task[None]) -> None:
-        self._relisting -= 1
-
-    def _list_ahead(self, path: str) -> None:
-        """A client reads ``path`` from the top: list those of the next ``list_ahead``
-        subdirectories of its parent never listed (at most ``list_ahead`` in flight), while the
-        index holds less than half its budget."""
-        limit = self.config.list_ahead
-        if not path or self._ahead >= limit or self.stats.bytes > self.config.memory_bytes // 2:
-            return
-        parent, _, name = path.rpartition("/")
-        pd = self._dirs.get(parent)
-        if pd is None or pd.cols is None:
-            return
-        cols = pd.cols
-        r = cols.after(name)
-        for _ in range(limit):  # the next ``limit`` subdirectories, listed or not
-            r = cols.kinds.find(_DIR_KIND, r)  # at C speed
-            if r < 0:
-                return
-            sub = join_path(parent, cols.name(r))
-            r += 1
-            if sub in self._dirs:
-                continue
-            if self._ahead >= limit:
-                return
-            lst = self._start_listing(self._dir(sub))
-            lst.ahead = True
-            self.stats.listed_ahead += 1
-            self._ahead += 1
-            assert lst.task is not None
-            lst.task.add_done_callback(self._listed_ahead)
-
-    def _listed_ahead(self, _task: asyncio.Task[None]) -> None:
-        self._ahead -= 1
-
-    def _age_ttl(self, d: Directory) -> float:
-        """``age_ttl_factor`` x the age of the newest file of a directory of files (one with
-        subdirectories: 0, their changes do not show in its mtimes)."""
-        cols = d.cols
-        if cols is None or not cols.n or not cols.allfiles or math.isinf(self._ttl):
-            return 0.0
-        age_s = (self.clock.time_ns() - max(cols.mtimes)) / 1e9
-        return min(self.config.age_ttl_factor * age_s, self._ttl_max)
+    def _start_listing_of(self, path: str) -> Listing:
+        return self._start_listing(self._dir(path))
 
     def _start_listing(self, d: Directory) -> Listing:
         """The directory's listing in flight, started if there is none (single-flight)."""
         if d.listing is not None:
             return d.listing
         lst = Listing(self.clock.monotonic(), d.cols, d.pages)
-        if self._watch_listing is not None:  # armed before the listing reads anything
-            lst.watch = self._watch_listing(d.key_prefix)
+        lst.watch = self._schedule.watch(d.key_prefix)  # armed before the listing reads
         d.listing = lst
         if lst.relist:
             self.stats.relists += 1
@@ -584,12 +489,7 @@ class Namespace:
         self._account(nbytes, nentries)
         if changed:
             self._changed(d, bump_time=relist)
-        if relist and changed:
-            d.ttl = self._ttl
-        else:  # acdirmin/acdirmax style: unchanged, the next re-list comes later
-            d.ttl = max(min(2 * d.ttl, self._ttl_max) if relist else d.ttl, self._age_ttl(d))
-        d.listed(-math.inf if lst.invalid else lst.started_at, JITTER * self._random.random())
-        d.watch = None if lst.invalid or partial else lst.watch
+        self._schedule.installed(d, lst, relist=relist, changed=changed)
         entries = d.count()
         seconds = time.perf_counter() - lst.t0
         log.info(
@@ -617,15 +517,15 @@ class Namespace:
 
     async def _lookup_in(self, d: Directory, name: str, *, current: bool = False) -> Entry | None:
         """``name`` in ``d``, or None when it is known to be absent (``current``: see
-        ``getattr``)."""
+        ``getattr``). The states and answers: the table in ``schedule``."""
         if not self.config.prefetch:
-            return await self._probe(d, name)
+            return await self._probes.lookup(d, name)
         self._used(d)
         waited = False
         while True:
-            state = self._freshness(d)
+            state = self._schedule.freshness(d)
             if state == "stale":
-                self._background_relist(d)
+                self._schedule.relist_in_background(d, self._start_listing)
                 lst = d.listing
                 if current and lst is not None and not lst.invalid:
                     got = self._from_listing(d, lst, name)
@@ -637,7 +537,7 @@ class Namespace:
                     self.stats.hits += 1
                     return e
                 if d.partial and not reached(d.last_seen, d.key_prefix, name):
-                    return await self._probe(d, name)
+                    return await self._probes.lookup(d, name)
                 self.stats.negative_hits += 1
                 return None
             lst = self._start_listing(d)
@@ -648,7 +548,7 @@ class Namespace:
             if got is not False:
                 return got
             if lst.pages > self.config.huge_dir_pages:
-                return await self._probe(d, name)
+                return await self._probes.lookup(d, name)
             await lst.next_page()
             assert lst.task is not None
             if lst.task.done():
@@ -669,54 +569,6 @@ class Namespace:
             return e
         return False
 
-    async def _probe(self, d: Directory, name: str) -> Entry | None:
-        """A targeted lookup of ``name`` in ``d``: from ``d.probes`` within its TTL, else one
-        in flight per name."""
-        now = self.clock.monotonic()
-        hit = d.probes.get(name)
-        if hit is not None and hit[1] > now:
-            if hit[0] is None:
-                self.stats.negative_hits += 1
-            else:
-                self.stats.hits += 1
-            return hit[0]
-        key = (d.path, name)
-        task = self._probing.get(key)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._targeted(d, name))
-            self._probing[key] = task
-
-            def _done(t: asyncio.Task[Entry | None], key: tuple[str, str] = key) -> None:
-                self._probing.pop(key, None)
-                if not t.cancelled():
-                    t.exception()
-
-            task.add_done_callback(_done)
-        return await asyncio.shield(task)
-
-    async def _targeted(self, d: Directory, name: str) -> Entry | None:
-        started = self.clock.monotonic()
-        path = join_path(d.path, name)
-        is_dir, obj = await targeted_lookup(
-            self.store, d.key_prefix + name, self.config.targeted_max_keys, self.stats
-        )
-        e: Entry | None
-        if is_dir:
-            e = self._dir_entry(name, path)
-        elif obj is not None:
-            e = file_entry(name, path, obj)
-        else:
-            e = None
-        if self._dirs.get(d.path) is d:
-            lst = d.listing
-            if lst is not None and name in lst.overrides:
-                return lst.overrides[name]  # a mutation raced with the probe: it wins
-            if len(d.probes) >= self.config.probes_per_dir:
-                d.probes.clear()
-            d.probes[name] = (e, started + self._ttl)
-            self._account(d.recost(), 0)
-        return e
-
     async def _getattr_dir(self, path: str) -> Entry:
         e = await self.getattr(path)
         if e.kind is not EntryKind.DIR:
@@ -729,7 +581,7 @@ class Namespace:
             return  # listed with children: a directory (it wins over an object of its name)
         parent, name = split_path(dir_path)
         pd = self._dirs.get(parent)
-        if pd is not None and pd.cols is not None and self._freshness(pd) != "expired":
+        if pd is not None and pd.cols is not None and self._schedule.freshness(pd) != "expired":
             kind = pd.kind(name)
             if kind is not None and kind is not EntryKind.DIR:
                 raise NotDirectory(dir_path)

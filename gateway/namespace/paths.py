@@ -15,9 +15,7 @@ know about directories, entries or the backend.
 
 from __future__ import annotations
 
-from typing import Final
-
-NAME_MAX: Final = 255
+from nfsproto.limits import NAME_MAX as NAME_MAX  # re-exported: listing, index
 
 
 def split_path(path: str) -> tuple[str, str]:

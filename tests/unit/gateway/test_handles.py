@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from gateway.errors import BadHandle, StaleHandle
 from gateway.namespace.handles import (
     DIR_HASH_SIZE,
-    FHSIZE,
     FORM_HASHED,
     FORM_INLINE,
     FORM_MAPPED,
@@ -34,6 +33,7 @@ from gateway.namespace.handles import (
 )
 from gateway.namespace.index import Namespace
 from gateway.namespace.resolve import Handles
+from nfsproto.limits import NFS3_FHSIZE
 
 SECRET = b"s" * 32
 SHORT = "train/n01440764/n01440764_10026.JPEG"
@@ -58,7 +58,7 @@ def test_forms_and_sizes() -> None:
     assert fh[HEADER_SIZE:] == dir_hash(7, "train") + name_hash("n" * 60 + ".jpg")
     # The name limit of the named form, exactly, and one byte more.
     edge = f"{LONG_DIR}/{'x' * NAME_INLINE_MAX}"
-    assert c.encode(1, edge)[1] == FORM_NAMED and len(c.encode(1, edge)) == FHSIZE
+    assert c.encode(1, edge)[1] == FORM_NAMED and len(c.encode(1, edge)) == NFS3_FHSIZE
     assert c.encode(1, edge + "x")[1] == FORM_HASHED
     # A long name directly under the root: its parent is "".
     top = "y" * 100
@@ -87,7 +87,7 @@ async def test_round_trip_every_form_on_the_encoding_gateway() -> None:
     paths += [f"{LONG_DIR}/{'é' * 21}", f"{LONG_DIR}/{'é' * 22}"]  # 42 and 44 bytes of name
     for p in paths:
         fh = h.encode(5, p)
-        assert len(fh) <= FHSIZE
+        assert len(fh) <= NFS3_FHSIZE
         assert await h.decode(fh, no_ns) == (5, p)
     assert await h.decode(memoryview(h.encode(3, SHORT)), no_ns) == (3, SHORT)  # type: ignore[arg-type]
 
@@ -108,7 +108,7 @@ def test_round_trip_property(export_id: int, names: list[str]) -> None:
         return
     h = Handles(SECRET)
     fh = h.encode(export_id, path)
-    assert HEADER_SIZE <= len(fh) <= FHSIZE
+    assert HEADER_SIZE <= len(fh) <= NFS3_FHSIZE
     assert asyncio.run(h.decode(fh, no_ns)) == (export_id, path)
 
 

@@ -55,7 +55,7 @@ def make(
     # maximum (the age rule has its own tests below).
     config = NamespaceConfig(**{"memory_bytes": 1 << 34, "age_ttl_factor": 0.0, **cfg})  # type: ignore[arg-type]
     ns = Namespace(store, P, clock=clock, config=config, watcher=watcher)
-    ns._random.seed(11)
+    ns._schedule.random.seed(11)
     return store, ns, clock
 
 

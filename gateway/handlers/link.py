@@ -3,7 +3,7 @@ object has one key; MKNOD makes special files: ``create``): NFS3ERR_NOTSUPP on w
 exports, NFS3ERR_ROFS on read-only ones, with the wcc_data of the directory that was not
 changed.
 
-The other mutating procedures have their own modules (create, write, setattr, remove,
+The other mutating procedures have their own modules (create, write, set_attributes, remove,
 rename); each answers NFS3ERR_ROFS on a read-only export.
 """
 
