@@ -67,31 +67,20 @@ class Parts:
     exports: ExportBuilder
 
 
+@dataclass(frozen=True, slots=True)
 class ExportBuilder:
     """One export from its settings, at start and for every export a reload adds or rebuilds:
     its store (``open_store``, or the tests' ``store_factory``), the pack serving its packed
     objects, its index (which tells the data prefetcher what it listed) and the ``Export``."""
 
-    def __init__(
-        self,
-        *,
-        clock: Clock,
-        metrics: Metrics,
-        reader: ObjectReader,
-        writes: WriteManager,
-        prefetcher: DataPrefetcher | None,
-        pack_config: PackConfig,
-        store_factory: StoreFactory | None,
-        spawn: Spawn,
-    ) -> None:
-        self.clock = clock
-        self.metrics = metrics
-        self.reader = reader
-        self.writes = writes
-        self.prefetcher = prefetcher
-        self.pack_config = pack_config
-        self.store_factory = store_factory
-        self.spawn = spawn
+    clock: Clock
+    metrics: Metrics
+    reader: ObjectReader
+    writes: WriteManager
+    prefetcher: DataPrefetcher | None
+    pack_config: PackConfig
+    store_factory: StoreFactory | None
+    spawn: Spawn
 
     def build(self, ec: ExportConfig, config: ServerConfig) -> Export:
         store = self._store(ec, config)
