@@ -1,8 +1,9 @@
 """Size limits shared by the protocol codecs and the gateway, one definition each.
 
 Owns: constants only (RFC 1813 and the limits this implementation chose where the RFC leaves a
-type unbounded). Must not: import anything. ``gateway.namespace`` may import this module (and
-no other of ``nfsproto``): the index serves only names a client can send.
+type unbounded). Must not: import anything of the project (the codecs and the gateway import
+it). ``gateway.namespace`` may import this module and no other of ``nfsproto``: the index
+serves only names a client can send, in handles of the protocol's size.
 """
 
 from __future__ import annotations

@@ -34,16 +34,14 @@ from gateway.registry import Gateway
 from nfsproto import mount3, nfs3
 from nfsproto import portmap as pmap
 from nfsproto.mount3 import Mnt3Res, MountStat3
-from nfsproto.nfs3 import Nfs3Proc, NfsStat3
+from nfsproto.nfs3 import Nfs3Proc, NfsStat3, pack_void, unpack_void
 
 
 async def _null(ctx: CallContext, args: None) -> None:
     return None
 
 
-_NULL: Procedure[None, None] = Procedure(
-    "NULL", nfs3.unpack_void, nfs3.pack_void, _null, any_auth=True
-)
+_NULL: Procedure[None, None] = Procedure("NULL", unpack_void, pack_void, _null, any_auth=True)
 
 Handler = Callable[[Gateway, CallContext, Any], Awaitable[Any]]
 
@@ -106,17 +104,11 @@ def register_all(d: Dispatcher, gw: Gateway) -> None:
                 partial(mount.mnt, gw),
                 _mnt_fail_body,
             ),
-            mp.DUMP: Procedure(
-                "DUMP", nfs3.unpack_void, mount3.pack_mountlist, partial(mount.dump, gw)
-            ),
-            mp.UMNT: Procedure(
-                "UMNT", mount3.unpack_mnt3args, nfs3.pack_void, partial(mount.umnt, gw)
-            ),
-            mp.UMNTALL: Procedure(
-                "UMNTALL", nfs3.unpack_void, nfs3.pack_void, partial(mount.umntall, gw)
-            ),
+            mp.DUMP: Procedure("DUMP", unpack_void, mount3.pack_mountlist, partial(mount.dump, gw)),
+            mp.UMNT: Procedure("UMNT", mount3.unpack_mnt3args, pack_void, partial(mount.umnt, gw)),
+            mp.UMNTALL: Procedure("UMNTALL", unpack_void, pack_void, partial(mount.umntall, gw)),
             mp.EXPORT: Procedure(
-                "EXPORT", nfs3.unpack_void, mount3.pack_exports, partial(mount.export_list, gw)
+                "EXPORT", unpack_void, mount3.pack_exports, partial(mount.export_list, gw)
             ),
         },
     )
@@ -137,9 +129,7 @@ def register_all(d: Dispatcher, gw: Gateway) -> None:
             pp.GETPORT: Procedure(
                 "GETPORT", pmap.unpack_mapping, pmap.pack_port, partial(portmap.getport, gw)
             ),
-            pp.DUMP: Procedure(
-                "DUMP", nfs3.unpack_void, pmap.pack_pmaplist, partial(portmap.dump, gw)
-            ),
+            pp.DUMP: Procedure("DUMP", unpack_void, pmap.pack_pmaplist, partial(portmap.dump, gw)),
         },
     )
     # NFSACL (100227) and NLM are deliberately not registered: PROG_UNAVAIL turns the Linux

@@ -306,7 +306,7 @@ class Listing:
         self.marker_seen = False
         self.invalid = False  # predates an invalidate(): its result is served expired
         self.relist = base is not None
-        self.ahead = False  # started ahead of a client (``Namespace._list_ahead``)
+        self.ahead = False  # started ahead of a client (``ListingSchedule.list_ahead``)
         self.started_at = started_at
         self.t0 = time.perf_counter()
         self.watch: object | None = None  # the store's change token, armed as it started

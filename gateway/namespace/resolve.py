@@ -1,5 +1,6 @@
 """Handles -> paths for every handle form, on any gateway that shares the secret, with no
-shared database and nothing persisted (issue 14, "fail-over for every handle").
+shared database and nothing persisted: a client whose gateway fails over to another keeps
+every handle it holds working.
 
 Owns: ``Handles``, what the registry holds: ``encode`` (``HandleCodec``), ``peek`` and
 ``resolve``, and what it takes to turn a hashed handle back into a path: a bounded map

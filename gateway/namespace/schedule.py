@@ -119,13 +119,13 @@ class ListingSchedule:
         stats: NamespaceStats,
         store: ObjectStore,
     ) -> None:
-        self.config = config
-        self.clock = clock
-        self.stats = stats
         self.ttl = math.inf if config.immutable else config.attr_ttl_s
         """A directory's first TTL, and its TTL after a change or an invalidate."""
         self.ttl_max = max(self.ttl, config.ttl_max_s())
         self.hard_ttl = max(self.ttl * config.hard_ttl_factor, 2 * self.ttl_max)
+        self.config = config
+        self.clock = clock
+        self.stats = stats
         self.random = random.Random()
         # Optional store capabilities (a local export's change notification): the base
         # docstring of ObjectStore.

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from gateway.backend.base import BackendError
+from gateway.clock import Clock, SystemClock
 from gateway.data import ObjectReader
 from gateway.errors import StaleHandle, from_backend
 from gateway.namespace import Entry
@@ -40,13 +41,24 @@ def _boundary() -> Iterator[None]:
 
 
 class WriteManager:
-    def __init__(self, cfg: WriteConfig, reader: ObjectReader) -> None:
+    def __init__(
+        self, cfg: WriteConfig, reader: ObjectReader, *, clock: Clock | None = None
+    ) -> None:
+        """``clock``: the server's (default: the system clock); staging reads its
+        ``monotonic`` to find idle files."""
         self.cfg = cfg
         self.reader = reader
         self.stats = WriteStats()
         self._locks = PathLocks()
         self._meta = MetadataCache(cfg.metadata_memory_entries, self.stats)
-        self._staging = Staging(cfg, reader, self._locks, self._meta, self.stats)
+        self._staging = Staging(
+            cfg,
+            reader,
+            self._locks,
+            self._meta,
+            self.stats,
+            clock=clock if clock is not None else SystemClock(),
+        )
         self._objects = ObjectOps(cfg, reader, self._meta, self._staging, self.stats)
 
     @property

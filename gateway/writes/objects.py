@@ -32,6 +32,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import structlog
+
 from gateway.backend.base import ObjectInfo, ObjectNotFound
 from gateway.data import ObjectReader
 from gateway.errors import GatewayError
@@ -52,6 +54,8 @@ from gateway.writes.upload import gather_all
 
 if TYPE_CHECKING:
     from gateway.exports import Export
+
+log = structlog.get_logger(__name__)
 
 
 class ObjectOps:
@@ -136,7 +140,8 @@ class ObjectOps:
             return
         try:
             page = await export.ns.readdir(parent, 0, 2)
-        except GatewayError:
+        except GatewayError as e:  # the parent is gone, or unreadable: no marker written
+            log.debug("parent_marker_skipped", dir=parent, error=repr(e))
             return
         names = [e.name for _, e in page.entries]
         if names and names != [split_path(path)[1]]:

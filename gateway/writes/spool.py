@@ -60,13 +60,19 @@ class Spool:
         self.dir.mkdir(parents=True, exist_ok=True)
         for p in self.dir.iterdir():
             if p.name.endswith(_UPLOAD_SUFFIX):
-                with contextlib.suppress(OSError, ValueError):
+                try:
                     rec = json.loads(p.read_text())
+                except (OSError, ValueError) as e:
+                    # Its upload, if any, stays in the bucket until a lifecycle rule ends it.
+                    log.warning("spool_journal_read_failed", file=str(p), error=repr(e))
+                else:
                     if isinstance(rec, dict):
                         self.orphan_uploads.append({str(k): str(v) for k, v in rec.items()})
             if p.name.endswith((_UPLOAD_SUFFIX, _SPOOL_SUFFIX)) or p.name.startswith(".tmp-"):
-                with contextlib.suppress(OSError):
+                try:
                     p.unlink()
+                except OSError as e:
+                    log.warning("spool_file_unlink_failed", file=str(p), error=repr(e))
         if self.orphan_uploads:
             log.info("spool_orphans_found", uploads=len(self.orphan_uploads))
 
@@ -186,8 +192,10 @@ class SpoolFile:
         fd, path = self.fd, self.path
 
         def drop() -> None:
-            with contextlib.suppress(OSError):
+            try:
                 os.close(fd)
+            except OSError as e:
+                log.debug("spool_file_close_failed", file=str(path), error=repr(e))
             _unlink(path)
 
         self.spool.files -= 1

@@ -25,14 +25,13 @@ translates them at the write path's boundary).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING
 
 import structlog
 
 from gateway.backend.base import BackendError
+from gateway.clock import Clock
 from gateway.data import ObjectReader
 from gateway.errors import Busy, FileTooBig, GatewayError, NotFound, StaleHandle
 from gateway.namespace import META_CREATEVERF, META_CTIME, META_MTIME, Entry
@@ -57,8 +56,11 @@ class Staging:
         locks: PathLocks,
         meta: MetadataCache,
         stats: WriteStats,
+        *,
+        clock: Clock,
     ) -> None:
         self.cfg = cfg
+        self.clock = clock  # monotonic: when a staged file was last written (``flush_idle``)
         self.reader = reader
         self.locks = locks
         self.meta = meta
@@ -103,11 +105,17 @@ class Staging:
             self._flusher.cancel()
         staged = list(self._files.values())
         if staged:
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout(commit_timeout_s):
                     for sf in staged:
-                        with contextlib.suppress(GatewayError, BackendError):
+                        try:
                             await self.commit(sf.export, sf.path)
+                        except (GatewayError, BackendError) as e:
+                            log.warning("commit_at_close_failed", key=sf.key, error=repr(e))
+            except TimeoutError:
+                log.warning(
+                    "commit_at_close_timed_out", timeout_s=commit_timeout_s, left=len(self._files)
+                )
         for t in list(self._tasks):
             t.cancel()
         for sf in list(self._files.values()):
@@ -148,7 +156,7 @@ class Staging:
             entry = await export.ns.getattr(entry.path)
         except NotFound:
             raise StaleHandle(entry.path) from None
-        sf = StagedFile(export, entry.path, entry, time.monotonic())
+        sf = StagedFile(export, entry.path, entry, self.clock.monotonic())
         self._files[k] = sf
         self.stats.staged_files = len(self._files)
         return sf
@@ -205,7 +213,7 @@ class Staging:
             sf.meta_changes[META_MTIME] = None
             sf.meta_changes[META_CTIME] = None  # both are the commit's LastModified
             sf.meta_changes[META_CREATEVERF] = None
-            sf.last_write = time.monotonic()
+            sf.last_write = self.clock.monotonic()
             self.stats.writes += 1
             if sync:
                 return await self._commit_locked(sf)
@@ -321,7 +329,7 @@ class Staging:
 
     async def flush_idle(self, now: float | None = None) -> int:
         """Commit every staged file not written for ``flush_idle_s``; how many were."""
-        t = time.monotonic() if now is None else now
+        t = self.clock.monotonic() if now is None else now
         idle = [sf for sf in self._files.values() if t - sf.last_write >= self.cfg.flush_idle_s]
         for sf in idle:
             await self._background_commit(sf)

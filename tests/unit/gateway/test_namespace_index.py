@@ -1,4 +1,4 @@
-"""The index at scale (issue 11, DESIGN §3 "Index at ImageNet scale"), at a size that runs in
+"""The index at scale (DESIGN §3 "Index at ImageNet scale"), at a size that runs in
 seconds: 100 folders x 1,281 entries over the in-memory store and a fake clock.
 
 What must hold: an unchanged re-list keeps the directory's columns (the same objects) and

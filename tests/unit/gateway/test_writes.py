@@ -757,6 +757,17 @@ async def test_idle_files_are_committed_without_commit(env: Env) -> None:
     assert env.data("rw/lazy") == b"never committed by the client"
 
 
+async def test_idle_files_are_found_by_the_write_path_clock(env: Env) -> None:
+    """Staging reads its clock (``WriteManager(clock=)``), not the system's, for idle files."""
+    clock = FakeClock(start=1e9)  # far from any system monotonic time
+    env.gateway.writes._staging.clock = clock
+    cr = await env.create(b"lazy")
+    assert cr.obj is not None
+    await env.write(cr.obj, 0, b"staged at the fake clock's time")
+    assert await env.gateway.writes.flush_idle(now=1e9 - 1) == 0  # written after that
+    assert await env.gateway.writes.flush_idle() == 1  # flush_idle_s is 0 here: idle now
+
+
 async def test_base_replaced_under_staged_writes_is_rebased(env: Env) -> None:
     fh = await env.fh("dir/b.txt")
     await env.write(fh, 1, b"X")
@@ -862,6 +873,21 @@ async def test_restart_wipes_the_spool_and_aborts_orphaned_uploads(tmp_path: Pat
             await asyncio.sleep(0.01)
         assert not store._uploads and env.gateway.writes.stats.orphan_uploads_aborted == 1
         assert not list(spool.iterdir())
+
+
+def test_an_unreadable_upload_journal_is_logged_and_removed(tmp_path: Path) -> None:
+    """A journal the restart cannot read leaves its upload in the bucket: it says so."""
+    from structlog.testing import capture_logs
+
+    from gateway.writes.spool import Spool
+
+    (tmp_path / "abc.upload").write_text("{not json")
+    spool = Spool(tmp_path, 1 << 20, 1)
+    with capture_logs() as logs:
+        spool.start()
+    assert spool.orphan_uploads == [] and not list(tmp_path.iterdir())
+    (event,) = [e for e in logs if e["event"] == "spool_journal_read_failed"]
+    assert event["log_level"] == "warning" and "JSONDecodeError" in event["error"]
 
 
 # -- a model check: random writes, truncations and commits --------------------------------------
