@@ -177,9 +177,9 @@ async def build(
 ) -> Parts:
     """Construct the parts of a gateway process for ``config`` (see the module docstring);
     the exports' stores connect on first use, nothing listens yet. ``clock`` drives what
-    expires (the index's TTLs; a fake one in tests); the disk tier and the data prefetcher
-    keep their default, the system clock, because what they time they also wait for on the
-    event loop (claim polls, back-off pauses)."""
+    expires (the index's TTLs; a fake one in tests); the disk tier, the data prefetcher and
+    the write-back of staged files keep their default, the system clock, because what they
+    time they also wait for on the event loop (claim polls, back-off pauses, idle flushes)."""
     c = config
     state_dir = c.server.state_dir
     await asyncio.to_thread(state_dir.mkdir, parents=True, exist_ok=True)
