@@ -6,6 +6,8 @@
 - ``s3_store``: an ``S3Store`` on ``s3_bucket`` (closed after the test).
 - ``counting_proxy``: a started ``loadgen.proxy.DelayProxy`` (no delay: it counts requests by
   kind) in front of ``seaweed``.
+- ``thread_proxy``: a ``tests.harness.proxy.ThreadProxy`` (a ``FaultProxy`` on a loop thread of
+  its own, seed 0) in front of ``seaweed``: faults and request counts for threaded gateways.
 - ``local_store``: a ``LocalStore`` over ``tmp_path / "export"``.
 """
 
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from gateway.backend.local import LocalStore
     from gateway.backend.s3 import S3Store
     from loadgen.proxy import DelayProxy
+    from tests.harness.proxy import ThreadProxy
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +67,14 @@ async def counting_proxy(seaweed: SeaweedServer) -> AsyncIterator[DelayProxy]:
     from loadgen.proxy import DelayProxy
 
     async with DelayProxy(seaweed.endpoint_url) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def thread_proxy(seaweed: SeaweedServer) -> Iterator[ThreadProxy]:
+    from tests.harness.proxy import ThreadProxy
+
+    with ThreadProxy(seaweed.endpoint_url) as proxy:
         yield proxy
 
 

@@ -20,7 +20,6 @@ import random
 import time
 import urllib.request
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +30,10 @@ import pytest
 from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
 from loadgen.gwprocess import GatewayProcess
-from loadgen.proxy import DelayProxy
 from loadgen.seaweed import SeaweedServer
 from tests.datasets import md5
-from tests.harness.thread import GatewayThread, LoopThread
+from tests.harness.proxy import ThreadProxy
+from tests.harness.thread import GatewayThread
 from tests.libnfs import LibNfs, libnfs_available
 
 pytestmark = [
@@ -56,24 +55,6 @@ def make_files(n: int = 160, seed: int = 12) -> dict[str, bytes]:
     files["large/block.bin"] = rng.randbytes(3 * MiB + 5)  # read in 1 MiB blocks
     files["empty.bin"] = b""
     return files
-
-
-class Proxy:
-    """A counting ``DelayProxy`` on a loop thread of its own."""
-
-    def __init__(self, upstream: str) -> None:
-        self.loop = LoopThread("s3proxy").start()
-        self.proxy = DelayProxy(upstream)
-        self.loop.run(self.proxy.start())
-
-    def counts(self) -> Counter[str]:
-        return self.loop.call(lambda: Counter(self.proxy.counts))
-
-    def close(self) -> None:
-        try:
-            self.loop.run(self.proxy.close())
-        finally:
-            self.loop.close()
 
 
 @pytest.fixture
@@ -103,19 +84,16 @@ def bucket(seaweed: SeaweedServer) -> Iterator[tuple[str, dict[str, bytes]]]:
 
 
 @pytest.fixture
-def proxy(seaweed: SeaweedServer) -> Iterator[Proxy]:
-    p = Proxy(seaweed.endpoint_url)
-    try:
+def proxy(seaweed: SeaweedServer) -> Iterator[ThreadProxy]:
+    with ThreadProxy(seaweed.endpoint_url) as p:
         yield p
-    finally:
-        p.close()
 
 
 def gateway(
-    tmp_path: Path, seaweed: SeaweedServer, proxy: Proxy, bucket: str, memory: int
+    tmp_path: Path, seaweed: SeaweedServer, proxy: ThreadProxy, bucket: str, memory: int
 ) -> GatewayThread:
     s3 = dict(seaweed.store_kwargs())
-    s3["endpoint_url"] = proxy.proxy.endpoint_url
+    s3["endpoint_url"] = proxy.endpoint_url
     return GatewayThread(
         [ExportConfig("/data", f"s3://{bucket}/ds/", read_only=True, immutable=True)],
         state_dir=tmp_path / "state",
@@ -155,7 +133,7 @@ def disk_stats(gw: GatewayThread) -> dict[str, int]:
 def test_dataset_eight_times_memory_costs_no_get_in_epoch_two_and_after_restarts(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    proxy: ThreadProxy,
     bucket: tuple[str, dict[str, bytes]],
 ) -> None:
     name, files = bucket
@@ -163,20 +141,20 @@ def test_dataset_eight_times_memory_costs_no_get_in_epoch_two_and_after_restarts
     memory = total // 8
     small = sum(1 for v in files.values() if 0 < len(v) <= MiB)
     with gateway(tmp_path, seaweed, proxy, name, memory) as gw:
-        before = proxy.counts()
+        before = proxy.kinds()
         epoch(gw, files, seed=1)
-        gets1 = proxy.counts()["GET"] - before["GET"]
+        gets1 = proxy.kinds()["GET"] - before["GET"]
         assert small <= gets1 <= small + 4  # one GET per small file; the 3 MiB file in blocks
         assert disk_stats(gw)["writes"] == small + 4  # every small file and the four blocks
-        before = proxy.counts()
+        before = proxy.kinds()
         epoch(gw, files, seed=2)
-        assert proxy.counts()["GET"] == before["GET"]  # epoch 2: 0 GETs
+        assert proxy.kinds()["GET"] == before["GET"]  # epoch 2: 0 GETs
         s = disk_stats(gw)
         assert s["hits"] > 0 and s["corrupt"] == 0 and s["used_bytes"] <= s["budget_bytes"]
-    before = proxy.counts()
+    before = proxy.kinds()
     with gateway(tmp_path, seaweed, proxy, name, memory) as gw:  # restarted, memory empty
         epoch(gw, files, seed=3)
-        assert proxy.counts()["GET"] == before["GET"]  # first epoch after a restart: 0 GETs
+        assert proxy.kinds()["GET"] == before["GET"]  # first epoch after a restart: 0 GETs
         assert disk_stats(gw)["hits"] == small + 4
     entries = sorted((tmp_path / "cache" / "v1").glob("*/[0-9a-f]*"))
     assert len(entries) == small + 4
@@ -185,10 +163,10 @@ def test_dataset_eight_times_memory_costs_no_get_in_epoch_two_and_after_restarts
     raw[-1] ^= 0x40
     flipped.write_bytes(raw)
     cut.write_bytes(cut.read_bytes()[:-1000])
-    before = proxy.counts()
+    before = proxy.kinds()
     with gateway(tmp_path, seaweed, proxy, name, memory) as gw:
         epoch(gw, files, seed=4)  # bytes still right: the bad entries are never served
-        assert proxy.counts()["GET"] - before["GET"] == 2
+        assert proxy.kinds()["GET"] - before["GET"] == 2
         s = disk_stats(gw)
         assert s["corrupt"] == 2 and s["writes"] == 2  # dropped, fetched, published again
 
@@ -246,7 +224,7 @@ def _served_from_the_shared_tier(gw: GatewayProcess, small: int) -> None:
 def test_two_workers_share_the_disk_tier_a_warm_up_fills_and_restarts_keep(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    proxy: ThreadProxy,
     bucket: tuple[str, dict[str, bytes]],
 ) -> None:
     name, files = bucket
@@ -264,23 +242,23 @@ def test_two_workers_share_the_disk_tier_a_warm_up_fills_and_restarts_keep(
                 "small_file_max": MiB,
             },
         },
-        s3=Account(proxy.proxy.endpoint_url, seaweed.access_key, seaweed.secret_key),
+        s3=Account(proxy.endpoint_url, seaweed.access_key, seaweed.secret_key),
         workers=2,
     )
     with gw:
-        before = proxy.counts()["GET"]
+        before = proxy.kinds()["GET"]
         status, job = _post(gw, "/v1/warmup", {"path": "/data", "data": True, "wait": True})
         assert status == 200 and job["state"] == "done" and job["tier"] == "disk", job
         # The data prefetcher (on by default; with workers it fills the disk tier) may have
         # written some first: the warm-up then finds them cached. Either way one GET each.
         assert job["files_read"] + job["files_cached"] == len(files)  # the empty one too
         assert job["stopped"] is None
-        assert proxy.counts()["GET"] - before == small + 1  # the 3 MiB file in one ranged GET
+        assert proxy.kinds()["GET"] - before == small + 1  # the 3 MiB file in one ranged GET
         clients = _connections_on_both_workers(gw)
         try:
-            before = proxy.counts()["GET"]
+            before = proxy.kinds()["GET"]
             _epoch_over(clients, files, seed=5)
-            assert proxy.counts()["GET"] == before  # either worker: 0 GETs
+            assert proxy.kinds()["GET"] == before  # either worker: 0 GETs
             # Served from the shared tier: every file a READ's disk hit or mapped into memory
             # ahead of the READs by its worker's prefetcher (the warm-up filled the disk tier
             # only, so a memory hit must have been prefetched).
@@ -297,9 +275,9 @@ def test_two_workers_share_the_disk_tier_a_warm_up_fills_and_restarts_keep(
             time.sleep(0.1)
         clients = _connections_on_both_workers(gw)
         try:
-            before = proxy.counts()["GET"]
+            before = proxy.kinds()["GET"]
             _epoch_over(clients, files, seed=6)
-            assert proxy.counts()["GET"] == before
+            assert proxy.kinds()["GET"] == before
             _served_from_the_shared_tier(gw, small)
         finally:
             for c in clients:
