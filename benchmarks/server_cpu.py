@@ -42,10 +42,9 @@ from workers import cpu_seconds  # noqa: E402
 from gateway import fastwire  # noqa: E402
 from gateway.rpcclient import RpcClient  # noqa: E402
 from loadgen.gwmetrics import parse_metrics  # noqa: E402
-from nfsproto import mount3, nfs3  # noqa: E402
+from nfsproto import nfs3  # noqa: E402
 from nfsproto.nfs3 import Nfs3Proc, NfsStat3  # noqa: E402
 
-P = nfs3.PROCS
 MODES = ("native", "python", "no-fast-path")
 SMALL, MID, WHOLE = 100, 110_000, 128 * 1024
 FAST = "nfsgw_fast_path_calls_total{outcome=answered}"
@@ -98,18 +97,8 @@ async def bench(
     inflight: int,
 ) -> list[Result]:
     c = await connect(port, srv, 60.0)
-    m = await c.call(
-        mount3.PROGRAM,
-        3,
-        mount3.MountProc.MNT,
-        mount3.pack_mnt3args,
-        mount3.Mnt3Args(b"/data"),
-        mount3.unpack_mnt3res,
-    )
-    root = m.fhandle
-
-    async def nfs(p: Nfs3Proc, args: object) -> Any:
-        return await c.call(nfs3.PROGRAM, 3, p, P[p].pack_args, args, P[p].unpack_res)  # type: ignore[arg-type]
+    root = (await c.mnt(b"/data")).fhandle
+    nfs = c.nfs  # any NFSv3 procedure of the call table (nfsproto.client.NFS3)
 
     d = await nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(root, b"class0")))
     dh = d.object
