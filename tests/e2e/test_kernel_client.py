@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from loadgen.seaweed import SeaweedServer
 from tests.e2e.guest import Guest, GuestResult
 from tests.e2e.tree import MiB, Tree, md5
 from tests.faultproxy import Rule
+from tests.harness.buckets import MakeBucket
 from tests.harness.proxy import ThreadProxy
 from tests.harness.thread import GatewayThread
 
@@ -289,13 +289,8 @@ EXPECTED_PHASES = {
 
 
 @pytest.fixture
-def bucket(seaweed: SeaweedServer) -> Iterator[str]:
-    name = f"e2ew-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-    try:
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+def bucket(make_bucket: MakeBucket) -> str:
+    return make_bucket("e2ew")
 
 
 async def _bucket_state(

@@ -29,10 +29,8 @@ waits are bounded polls on the gateway's prefetch metrics and the proxy's counts
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -40,12 +38,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gateway.backend.s3 import S3Store
 from gateway.data.cache import ENTRY_OVERHEAD
 from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
-from tests.datasets import put_objects
 from tests.faultproxy import Rule
+from tests.harness.buckets import Buckets
 from tests.harness.proxy import ThreadProxy
 from tests.harness.thread import GatewayThread
 from tests.libnfs import LibNfs, libnfs_available
@@ -96,22 +93,9 @@ def non_empty(files: Mapping[str, bytes], dirs: tuple[str, ...] = DIRS) -> list[
 @pytest.fixture(scope="module")
 def tree(seaweed: SeaweedServer) -> Iterator[tuple[str, dict[str, bytes]]]:
     """A bucket holding ``make_tree()`` under ``ds/`` (no test changes it)."""
-    name = f"dp-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
     files = make_tree()
-
-    async def fill() -> None:
-        store = S3Store(name, **seaweed.store_kwargs())
-        try:
-            await put_objects(store, {PREFIX + k: v for k, v in files.items()}, concurrency=32)
-        finally:
-            await store.close()
-
-    try:
-        asyncio.run(fill())
-        yield name, files
-    finally:
-        seaweed.delete_bucket(name)
+    with Buckets(seaweed) as buckets:
+        yield buckets.make("dp", {PREFIX + k: v for k, v in files.items()}), files
 
 
 @pytest.fixture

@@ -14,12 +14,10 @@ Every byte is checked against the uploaded bodies every time.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +25,11 @@ from typing import Any
 
 import pytest
 
-from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
 from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
 from tests.datasets import md5
+from tests.harness.buckets import MakeBucket
 from tests.harness.proxy import ThreadProxy
 from tests.harness.thread import GatewayThread
 from tests.libnfs import LibNfs, libnfs_available
@@ -58,29 +56,9 @@ def make_files(n: int = 160, seed: int = 12) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def bucket(seaweed: SeaweedServer) -> Iterator[tuple[str, dict[str, bytes]]]:
-    name = f"dc-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
+def bucket(make_bucket: MakeBucket) -> tuple[str, dict[str, bytes]]:
     files = make_files()
-
-    async def fill() -> None:
-        store = S3Store(name, **seaweed.store_kwargs())
-        try:
-            sem = asyncio.Semaphore(32)
-
-            async def put(k: str, v: bytes) -> None:
-                async with sem:
-                    await store.put("ds/" + k, v)
-
-            await asyncio.gather(*(put(k, v) for k, v in files.items()))
-        finally:
-            await store.close()
-
-    try:
-        asyncio.run(fill())
-        yield name, files
-    finally:
-        seaweed.delete_bucket(name)
+    return make_bucket("dc", {"ds/" + k: v for k, v in files.items()}), files
 
 
 @pytest.fixture

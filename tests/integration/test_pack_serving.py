@@ -50,6 +50,7 @@ from gateway.pack.format import PackIndex, parse_index
 from gateway.pack.store import PackedStore
 from loadgen.seaweed import SeaweedServer
 from tests.datasets import put_objects
+from tests.harness.buckets import Buckets
 from tests.harness.proxy import ThreadProxy
 from tests.harness.thread import GatewayThread
 from tests.libnfs import LibNfs, libnfs_available
@@ -180,12 +181,8 @@ def since(after: Counter[str], before: Counter[str]) -> Counter[str]:
 
 @pytest.fixture(scope="module")
 def bucket(seaweed: SeaweedServer) -> Iterator[str]:
-    name = f"ps-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-    try:
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+    with Buckets(seaweed) as buckets:
+        yield buckets.make("ps")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ import os
 import random
 import stat as statmod
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -45,8 +44,10 @@ from nfsproto.nfs3 import (
     Write3Args,
 )
 from nfsproto.rpc import AcceptStat
-from tests.datasets import Dataset, Expected, SpyStore, build_imagefolder, md5, upload
+from tests.datasets import Dataset, Expected, build_imagefolder, md5, upload
+from tests.harness.buckets import Buckets
 from tests.harness.proxy import ThreadProxy
+from tests.harness.stores import SpyStore
 from tests.harness.thread import GatewayThread, OffsetClock, delta
 from tests.libnfs import NF3DIR, NF3REG, SEEK_CUR, SEEK_END, SEEK_SET, LibNfs, libnfs_available
 from tests.rpcclient import BlockingRpcClient
@@ -75,21 +76,17 @@ def dataset() -> Dataset:
 
 @pytest.fixture(scope="module")
 def bucket(seaweed: SeaweedServer, dataset: Dataset) -> Iterator[str]:
-    name = f"rp-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-
-    async def fill() -> None:
+    async def fill(name: str) -> None:
         store = S3Store(name, **seaweed.store_kwargs())
         try:
-            await upload(dataset, store)
+            await upload(dataset, store)  # directory markers too
         finally:
             await store.close()
 
-    try:
-        asyncio.run(fill())
+    with Buckets(seaweed) as buckets:
+        name = buckets.make("rp")
+        asyncio.run(fill(name))
         yield name
-    finally:
-        seaweed.delete_bucket(name)
 
 
 @pytest.fixture(scope="module")
