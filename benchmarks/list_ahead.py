@@ -32,11 +32,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from data_prefetch import (  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common, siblings
+import _common  # noqa: F401 (puts the repository on sys.path)
+from data_prefetch import (
     BUCKET,
     PER_CLASS,
     PREFIX,
@@ -47,10 +45,10 @@ from data_prefetch import (  # noqa: E402
     upload_tree,
 )
 
-from loadgen.dataset import Manifest  # noqa: E402
-from loadgen.gwprocess import GatewayProcess  # noqa: E402
-from loadgen.seaweed import SeaweedServer  # noqa: E402
-from tests.libnfs import LibNfs  # noqa: E402
+from loadgen.dataset import Manifest
+from loadgen.gwprocess import GatewayProcess
+from loadgen.seaweed import SeaweedServer
+from tests.libnfs import LibNfs
 
 OUT = Path("/var/tmp/nfsgw-list-ahead")
 
