@@ -4,16 +4,18 @@ Owns: ``sys.path`` for a script run either way (``python benchmarks/x.py`` or ``
 benchmarks.x``): the repository (``gateway``, ``loadgen``, ``tests``) and ``benchmarks/``
 (sibling scripts, imported by their bare names as mypy names them); the start-and-wait loop
 (``loadgen.waiting.wait_until``), ``free_port`` (``loadgen.gwprocess``'s), ``settle`` (a
-gateway with nothing in flight) and ``results_dir``. Must not: run anything on import.
+gateway with nothing in flight), ``results_dir`` and ``write_results``. Must not: run
+anything on import.
 
 A script starts with
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
-    from _common import ROOT, wait_until  # noqa: E402 (puts the repository on sys.path)
+    from _common import ROOT, wait_until  # puts the repository on sys.path too
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -27,12 +29,28 @@ from loadgen.gwmetrics import Samples  # noqa: E402
 from loadgen.gwprocess import GatewayProcess, free_port  # noqa: E402
 from loadgen.waiting import NotReady, wait_until  # noqa: E402
 
-__all__ = ["ROOT", "NotReady", "free_port", "metric", "results_dir", "settle", "wait_until"]
+__all__ = [
+    "ROOT",
+    "NotReady",
+    "free_port",
+    "metric",
+    "results_dir",
+    "settle",
+    "wait_until",
+    "write_results",
+]
 
 
 def results_dir(name: str) -> Path:
     """The default directory of a benchmark's results and logs: /var/tmp/nfsgw-<name>."""
     return Path(f"/var/tmp/nfsgw-{name}")
+
+
+def write_results(out: Path, result: object) -> Path:
+    """``result`` as ``out/results.json`` (indented); its path."""
+    path = out / "results.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path
 
 
 def metric(m: Samples, name: str) -> float:

@@ -68,7 +68,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
-from _common import ROOT, metric, results_dir, settle, wait_until
+from _common import ROOT, metric, results_dir, settle, wait_until, write_results
 
 from loadgen.dataset import DatasetSpec, Manifest, make_dataset
 from loadgen.gwmetrics import Samples
@@ -646,8 +646,7 @@ def run(a: argparse.Namespace) -> int:
         "runs": [asdict(r) for r in runs],
         "summary": summary,
     }
-    (a.out / "results.json").write_text(json.dumps(result, indent=2))
-    log(f"results: {a.out / 'results.json'}")
+    log(f"results: {write_results(a.out, result)}")
     errors = sum(e.errors for r in runs for e in r.epochs)
     return 1 if errors else 0
 

@@ -24,7 +24,6 @@ Must not: import the gateway or leave a process running.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common, siblings
-import _common  # noqa: F401 (puts the repository on sys.path)
+from _common import results_dir, write_results
 from data_prefetch import (
     BUCKET,
     PER_CLASS,
@@ -50,7 +49,7 @@ from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
 from tests.libnfs import LibNfs
 
-OUT = Path("/var/tmp/nfsgw-list-ahead")
+OUT = results_dir("list-ahead")
 
 
 def scan(nfs: LibNfs, manifest: Manifest) -> float:
@@ -125,8 +124,7 @@ def run(a: argparse.Namespace) -> int:
         "commit": git_state(),
         "results": {str(n): v for n, v in results.items()},
     }
-    (a.out / "results.json").write_text(json.dumps(out, indent=2))
-    log(f"results: {a.out / 'results.json'}")
+    log(f"results: {write_results(a.out, out)}")
     return 0
 
 

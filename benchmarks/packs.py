@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common, siblings
-from _common import ROOT, metric, results_dir, settle, wait_until
+from _common import ROOT, metric, results_dir, settle, wait_until, write_results
 from data_prefetch import (
     PREFIX,
     Account,
@@ -270,8 +270,7 @@ def run(a: argparse.Namespace) -> int:
         "runs": [asdict(r) for r in runs],
         "summary": summary,
     }
-    (a.out / "results.json").write_text(json.dumps(result, indent=2))
-    log(f"results: {a.out / 'results.json'}")
+    log(f"results: {write_results(a.out, result)}")
     return 1 if any(e.errors for r in runs for e in r.epochs) else 0
 
 
