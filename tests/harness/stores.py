@@ -2,8 +2,8 @@
 
 - ``GatedStore``: a ``MemoryStore`` whose chosen operations wait at gates (``hold``): a
   request in flight the test can see arrive (``Gate.entered``, ``Gate.waiting``) and let go
-  (``Gate.open``). Latency, failures and the request log are ``MemoryStore``'s own
-  (``latency_s``, ``fail``, ``log``).
+  (``Gate.open``), and how many run at once (``inflight``, ``peak``). Latency, failures and
+  the request log are ``MemoryStore``'s own (``latency_s``, ``fail``, ``log``).
 - ``SpyStore``: wraps any store: records every GET range and injects keys S3 can list but
   SeaweedFS cannot store into listings (``tests.datasets``).
 
@@ -19,7 +19,8 @@ Must not: change what an operation returns (a gate only delays it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from gateway.backend.base import GetResult, ListPage, ObjectInfo, ObjectStore, StoreWrapper
@@ -54,16 +55,21 @@ class Gate:
 
 class GatedStore(MemoryStore):
     """A ``MemoryStore`` (same arguments) whose ``list``, ``head``, ``get``, ``put`` and
-    ``delete`` first pass their operation's gates."""
+    ``delete`` first pass their operation's gates. ``inflight`` counts those operations under
+    way (waiting at a gate included), ``peak`` the most at once."""
 
     def __init__(self, name: str = "memory", **kw: Any) -> None:
         super().__init__(name, **kw)
         self.gates: dict[str, list[Gate]] = {}
+        self.inflight = 0
+        self.peak = 0
 
-    def hold(self, op: str, match: Callable[[str], bool] | None = None) -> Gate:
-        """A new closed gate for ``op`` ("list", "head", "get", "put", "delete")."""
+    def hold(self, ops: str | Iterable[str], match: Callable[[str], bool] | None = None) -> Gate:
+        """A new closed gate for ``ops`` (one or several of "list", "head", "get", "put",
+        "delete")."""
         gate = Gate(match)
-        self.gates.setdefault(op, []).append(gate)
+        for op in (ops,) if isinstance(ops, str) else ops:
+            self.gates.setdefault(op, []).append(gate)
         return gate
 
     def release(self) -> None:
@@ -72,31 +78,38 @@ class GatedStore(MemoryStore):
             for g in gates:
                 g.open()
 
-    async def _pass(self, op: str, key: str) -> None:
-        for g in self.gates.get(op, ()):
-            await g.passage(key)
+    @contextlib.asynccontextmanager
+    async def _op(self, op: str, key: str) -> AsyncIterator[None]:
+        self.inflight += 1
+        self.peak = max(self.peak, self.inflight)
+        try:
+            for g in self.gates.get(op, ()):
+                await g.passage(key)
+            yield
+        finally:
+            self.inflight -= 1
 
     async def list_page(self, prefix: str, **kw: Any) -> ListPage:
-        await self._pass("list", prefix)
-        return await super().list_page(prefix, **kw)
+        async with self._op("list", prefix):
+            return await super().list_page(prefix, **kw)
 
     async def head(self, key: str) -> ObjectInfo:
-        await self._pass("head", key)
-        return await super().head(key)
+        async with self._op("head", key):
+            return await super().head(key)
 
     async def get(self, key: str, start: int = 0, end: int | None = None, **kw: Any) -> GetResult:
-        await self._pass("get", key)
-        return await super().get(key, start, end, **kw)
+        async with self._op("get", key):
+            return await super().get(key, start, end, **kw)
 
     async def put(
         self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
     ) -> ObjectInfo:
-        await self._pass("put", key)
-        return await super().put(key, data, metadata)
+        async with self._op("put", key):
+            return await super().put(key, data, metadata)
 
     async def delete(self, key: str) -> None:
-        await self._pass("delete", key)
-        await super().delete(key)
+        async with self._op("delete", key):
+            await super().delete(key)
 
 
 class SpyStore(StoreWrapper):
