@@ -67,17 +67,17 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+from _common import ROOT, metric, results_dir, settle, wait_until, write_results
 
-from loadgen.dataset import DatasetSpec, Manifest, make_dataset  # noqa: E402
-from loadgen.gwmetrics import Samples  # noqa: E402
-from loadgen.gwprocess import GatewayProcess, free_port  # noqa: E402
-from loadgen.proxy import COUNTS_PATH  # noqa: E402
-from loadgen.seaweed import SeaweedServer  # noqa: E402
-from tests.libnfs import LibNfs  # noqa: E402
+from loadgen.dataset import DatasetSpec, Manifest, make_dataset
+from loadgen.gwmetrics import Samples
+from loadgen.gwprocess import GatewayProcess, free_port
+from loadgen.proxy import COUNTS_PATH
+from loadgen.seaweed import SeaweedServer
+from tests.libnfs import LibNfs
 
-OUT = Path("/var/tmp/nfsgw-data-prefetch")
+OUT = results_dir("data-prefetch")
 PER_CLASS = 100
 BUCKET = "prefetch"
 PREFIX = "train/"
@@ -109,16 +109,19 @@ class ProxyProcess:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT
             )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.counts()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the proxy did not start: {log_path}") from None
-                time.sleep(0.1)
+        proc = self.proc
+        try:
+            wait_until(
+                self.counts,
+                timeout_s=30,
+                what="the proxy",
+                interval_s=0.1,
+                alive=lambda: None if proc.poll() is None else f"exited with {proc.returncode}",
+                log_tail=lambda: f"log: {log_path}",
+            )
+        except RuntimeError:
+            self.stop()
+            raise
 
     def counts(self) -> dict[str, int]:
         with urllib.request.urlopen(self.endpoint_url + COUNTS_PATH, timeout=10) as r:
@@ -192,10 +195,6 @@ class Run:
     totals: dict[str, float] = field(default_factory=dict)
 
 
-def metric(m: Samples, name: str) -> float:
-    return m.get(name, 0.0)
-
-
 def get_seconds(m: Samples) -> tuple[float, float]:
     """(sum, count) of the gateway's backend GET durations, every outcome."""
     total = count = 0.0
@@ -206,17 +205,6 @@ def get_seconds(m: Samples) -> tuple[float, float]:
             elif k.startswith("nfsgw_s3_request_duration_seconds_count"):
                 count += v
     return total, count
-
-
-def settle(gw: GatewayProcess, timeout_s: float = 60.0) -> None:
-    """Until the gateway has no backend GET nor prefetch in flight (twice in a row)."""
-    deadline = time.monotonic() + timeout_s
-    quiet = 0
-    while time.monotonic() < deadline and quiet < 2:
-        m = gw.metrics()
-        busy = metric(m, "nfsgw_data_fetches_inflight") + metric(m, "nfsgw_prefetch_inflight")
-        quiet = quiet + 1 if busy == 0 else 0
-        time.sleep(0.2)
 
 
 class Sampler:
@@ -658,8 +646,7 @@ def run(a: argparse.Namespace) -> int:
         "runs": [asdict(r) for r in runs],
         "summary": summary,
     }
-    (a.out / "results.json").write_text(json.dumps(result, indent=2))
-    log(f"results: {a.out / 'results.json'}")
+    log(f"results: {write_results(a.out, result)}")
     errors = sum(e.errors for r in runs for e in r.epochs)
     return 1 if errors else 0
 

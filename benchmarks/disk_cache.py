@@ -32,11 +32,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+from _common import wait_until
 
-from gateway.backend.base import GetResult  # noqa: E402
-from gateway.data import (  # noqa: E402
+from gateway.backend.base import GetResult
+from gateway.data import (
     DataCache,
     DataConfig,
     DataStats,
@@ -44,13 +44,13 @@ from gateway.data import (  # noqa: E402
     DiskStore,
     ObjectReader,
 )
-from gateway.data.cache import ENTRY_OVERHEAD  # noqa: E402
-from gateway.data.diskfile import disk_key  # noqa: E402
-from loadgen.dataset import DatasetSpec, make_dataset  # noqa: E402
-from loadgen.gwprocess import GatewayProcess  # noqa: E402
-from loadgen.proxy import DelayProxy  # noqa: E402
-from loadgen.seaweed import SeaweedServer  # noqa: E402
-from loadgen.workload import NodeGroup, WorkloadSpec  # noqa: E402
+from gateway.data.cache import ENTRY_OVERHEAD
+from gateway.data.diskfile import disk_key
+from loadgen.dataset import DatasetSpec, make_dataset
+from loadgen.gwprocess import GatewayProcess
+from loadgen.proxy import DelayProxy
+from loadgen.seaweed import SeaweedServer
+from loadgen.workload import NodeGroup, WorkloadSpec
 
 MiB = 1 << 20
 
@@ -64,16 +64,20 @@ class Account:
 
 def wait_for_disk_writes(gw: GatewayProcess, timeout_s: float = 120.0) -> float:
     """Until no write is pending and the count of writes stops moving; the count."""
-    deadline = time.monotonic() + timeout_s
     last = -1.0
-    while time.monotonic() < deadline:
+
+    def settled() -> float | None:
+        nonlocal last
         m = gw.metrics()
-        writes = m.get("nfsgw_disk_cache_writes_total", 0.0)
-        if m.get("nfsgw_disk_cache_pending_write_bytes", 0.0) == 0 and writes == last:
-            return writes
+        writes, seen = m.get("nfsgw_disk_cache_writes_total", 0.0), last
         last = writes
-        time.sleep(0.5)
-    raise TimeoutError("disk writes did not settle")
+        if m.get("nfsgw_disk_cache_pending_write_bytes", 0.0) == 0 and writes == seen:
+            return writes
+        return None
+
+    return wait_until(
+        settled, timeout_s=timeout_s, what="disk writes", interval_s=0.5, error=TimeoutError
+    )
 
 
 async def gateway_part(a: argparse.Namespace, work: Path) -> None:

@@ -67,16 +67,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # sibling scripts, as mypy names them
-
-import netns  # noqa: E402
-import workers  # noqa: E402
-from nfsreader import NfsReader  # noqa: E402
-from scale_index import Ganesha, log  # noqa: E402
-from workers import CACHE as TREES  # noqa: E402
-from workers import Server, Tree, build_tree, cpu_seconds  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common, siblings
+import netns
+import workers
+from _common import ROOT
+from nfsreader import NfsReader
+from scale_index import Ganesha, log
+from workers import CACHE as TREES
+from workers import Server, Tree, build_tree, cpu_seconds
 
 CACHE = Path("/var/tmp/nfsgw-fastpath")
 SERVER_CPU = 1  # --pin: the server's core

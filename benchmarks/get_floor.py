@@ -68,11 +68,11 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+import _common  # noqa: F401 (puts the repository on sys.path)
 
-from gateway.backend.sigv4 import EMPTY_SHA256, Credentials  # noqa: E402
-from loadgen.seaweed import SeaweedServer  # noqa: E402
+from gateway.backend.sigv4 import EMPTY_SHA256, Credentials
+from loadgen.seaweed import SeaweedServer
 
 BUCKET = "get-floor"
 PASSES = 3

@@ -16,14 +16,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+import _common  # noqa: F401 (puts the repository on sys.path)
 
-from gateway.backend.memory import MemoryStore  # noqa: E402
-from gateway.clock import FakeClock  # noqa: E402
-from gateway.namespace.config import NamespaceConfig  # noqa: E402
-from gateway.namespace.index import Namespace  # noqa: E402
-from gateway.namespace.resolve import Handles  # noqa: E402
+from gateway.backend.memory import MemoryStore
+from gateway.clock import FakeClock
+from gateway.namespace.config import NamespaceConfig
+from gateway.namespace.index import Namespace
+from gateway.namespace.resolve import Handles
 
 SECRET = b"b" * 32
 UUID = "0f8fad5b-d9cb-469f-a165-70867728950e"

@@ -41,13 +41,13 @@ from typing import cast
 import psutil
 import structlog
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+import _common  # noqa: F401 (puts the repository on sys.path)
 
-from gateway.backend.base import ListPage, ObjectInfo, ObjectStore  # noqa: E402
-from gateway.backend.memory import MemoryStore  # noqa: E402
-from gateway.clock import FakeClock  # noqa: E402
-from gateway.namespace import Namespace, NamespaceConfig  # noqa: E402
+from gateway.backend.base import ListPage, ObjectInfo, ObjectStore
+from gateway.backend.memory import MemoryStore
+from gateway.clock import FakeClock
+from gateway.namespace import Namespace, NamespaceConfig
 
 MTIME_NS = 1_650_000_000 * 10**9
 

@@ -25,14 +25,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common, siblings
+import _common  # noqa: F401 (puts the repository on sys.path)
+from nfsreader import NfsReader
+from workers import CACHE, build_tree, cpu_seconds
 
-from nfsreader import NfsReader  # noqa: E402
-from workers import CACHE, build_tree, cpu_seconds  # noqa: E402
-
-from loadgen.gwprocess import GatewayProcess  # noqa: E402
+from loadgen.gwprocess import GatewayProcess
 
 
 def main() -> int:

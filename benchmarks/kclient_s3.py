@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+from _common import ROOT
 
-from loadgen.seaweed import SeaweedServer  # noqa: E402
+from loadgen.seaweed import SeaweedServer
 
 KCLIENT = ROOT.parent / "shared" / "tools" / "kclient"
 

@@ -24,7 +24,6 @@ Must not: import the gateway or leave a process running.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -32,11 +31,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from data_prefetch import (  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common, siblings
+from _common import results_dir, write_results
+from data_prefetch import (
     BUCKET,
     PER_CLASS,
     PREFIX,
@@ -47,12 +44,12 @@ from data_prefetch import (  # noqa: E402
     upload_tree,
 )
 
-from loadgen.dataset import Manifest  # noqa: E402
-from loadgen.gwprocess import GatewayProcess  # noqa: E402
-from loadgen.seaweed import SeaweedServer  # noqa: E402
-from tests.libnfs import LibNfs  # noqa: E402
+from loadgen.dataset import Manifest
+from loadgen.gwprocess import GatewayProcess
+from loadgen.seaweed import SeaweedServer
+from tests.libnfs import LibNfs
 
-OUT = Path("/var/tmp/nfsgw-list-ahead")
+OUT = results_dir("list-ahead")
 
 
 def scan(nfs: LibNfs, manifest: Manifest) -> float:
@@ -127,8 +124,7 @@ def run(a: argparse.Namespace) -> int:
         "commit": git_state(),
         "results": {str(n): v for n, v in results.items()},
     }
-    (a.out / "results.json").write_text(json.dumps(out, indent=2))
-    log(f"results: {a.out / 'results.json'}")
+    log(f"results: {write_results(a.out, out)}")
     return 0
 
 

@@ -45,13 +45,13 @@ from typing import cast
 
 import structlog
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+import _common  # noqa: F401 (puts the repository on sys.path)
 
-from gateway.backend import checksums, s3wire  # noqa: E402
-from gateway.backend.base import ListPage, ObjectInfo, ObjectStore, StoreWrapper  # noqa: E402
-from gateway.clock import FakeClock  # noqa: E402
-from gateway.namespace import Namespace, NamespaceConfig  # noqa: E402
+from gateway.backend import checksums, s3wire
+from gateway.backend.base import ListPage, ObjectInfo, ObjectStore, StoreWrapper
+from gateway.clock import FakeClock
+from gateway.namespace import Namespace, NamespaceConfig
 
 DIR = "n01440764"
 ETAG = "&#34;3e44107170a520582ade522fa73c1d15&#34;"

@@ -24,13 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+import _common  # noqa: F401 (puts the repository on sys.path)
 
-from loadgen.dataset import DatasetSpec, make_dataset  # noqa: E402
-from loadgen.gwprocess import GatewayProcess  # noqa: E402
-from loadgen.seaweed import SeaweedServer  # noqa: E402
-from tests.e2e.guest import Guest, GuestImage  # noqa: E402
+from loadgen.dataset import DatasetSpec, make_dataset
+from loadgen.gwprocess import GatewayProcess
+from loadgen.seaweed import SeaweedServer
+from tests.e2e.guest import Guest, GuestImage
 
 OPTION_SETS: dict[str, str] = {
     "default": "",

@@ -17,9 +17,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+from _common import wait_until
 
 INSIDE_FLAG = "--inside-namespace"
 
@@ -105,12 +107,11 @@ def start_ganesha(
     rpcbind = subprocess.Popen(
         ["rpcbind", "-f"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 10.0
-    while not Path("/run/rpcbind.sock").exists():
-        if time.monotonic() > deadline:
-            stop([rpcbind])
-            raise RuntimeError("rpcbind not ready after 10 s")
-        time.sleep(0.05)
+    try:
+        wait_until(Path("/run/rpcbind.sock").exists, timeout_s=10.0, what="rpcbind")
+    except RuntimeError:
+        stop([rpcbind])
+        raise
     conf = work / "ganesha.conf"
     conf.write_text(
         GANESHA_CONF.format(nfs_port=nfs_port, mnt_port=mnt_port, path=path, access=access)

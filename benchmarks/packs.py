@@ -44,30 +44,26 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # a sibling script, as mypy names it
-
-from data_prefetch import (  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common, siblings
+from _common import ROOT, metric, results_dir, settle, wait_until, write_results
+from data_prefetch import (
     PREFIX,
     Account,
     ProxyProcess,
     cpu_seconds,
     git_state,
     log,
-    metric,
     read_epoch,
     scan,
-    settle,
     upload_tree,
 )
 
-from loadgen.dataset import Manifest  # noqa: E402
-from loadgen.gwprocess import GatewayProcess  # noqa: E402
-from loadgen.seaweed import SeaweedServer  # noqa: E402
-from tests.libnfs import LibNfs  # noqa: E402
+from loadgen.dataset import Manifest
+from loadgen.gwprocess import GatewayProcess
+from loadgen.seaweed import SeaweedServer
+from tests.libnfs import LibNfs
 
-OUT = Path("/var/tmp/nfsgw-packs")
+OUT = results_dir("packs")
 BUCKET = "bench"
 PACK = f"s3://{BUCKET}/packs/train"
 MiB = 1024 * 1024
@@ -148,11 +144,13 @@ def run_gateway(
     gw.start()
     try:
         if packed:  # the index loads in the background: wait for it
-            deadline = time.monotonic() + 120
-            while metric(gw.metrics(), "nfsgw_pack_loaded") < a.workers:  # summed
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the pack was not loaded: {gw.log_path}")
-                time.sleep(0.1)
+            wait_until(
+                lambda: metric(gw.metrics(), "nfsgw_pack_loaded") >= a.workers,  # summed
+                timeout_s=120,
+                what="the pack index",
+                interval_s=0.1,
+                log_tail=lambda: f"log: {gw.log_path}",
+            )
         clients = [LibNfs(gw.libnfs_url("/data"), timeout_ms=120_000) for _ in range(a.clients)]
         try:
             m0, p0 = gw.metrics(), proxy.counts()
@@ -272,8 +270,7 @@ def run(a: argparse.Namespace) -> int:
         "runs": [asdict(r) for r in runs],
         "summary": summary,
     }
-    (a.out / "results.json").write_text(json.dumps(result, indent=2))
-    log(f"results: {a.out / 'results.json'}")
+    log(f"results: {write_results(a.out, result)}")
     return 1 if any(e.errors for r in runs for e in r.epochs) else 0
 
 

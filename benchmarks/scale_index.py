@@ -61,14 +61,13 @@ from typing import Any, Protocol
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common, siblings
+import netns
+from _common import ROOT, wait_until
 
-import netns  # noqa: E402
-
-from loadgen.gwmetrics import Samples  # noqa: E402
-from loadgen.gwprocess import GatewayProcess, S3Account, free_port  # noqa: E402
-from tests.libnfs import NF3DIR, NF3REG, LibNfs  # noqa: E402
+from loadgen.gwmetrics import Samples
+from loadgen.gwprocess import GatewayProcess, S3Account, free_port
+from tests.libnfs import NF3DIR, NF3REG, LibNfs
 
 CACHE = Path("/var/tmp/nfsgw-scale-index")
 LAYOUT = 1  # bump when names or contents change: a cached tree of another layout is rebuilt
@@ -273,19 +272,20 @@ class Ganesha:
             self.work, self.tree.root, self.nfs_port, self.mnt_port, access="RO"
         )
         self.proc = self._procs[0]
-        deadline = time.monotonic() + self.startup_timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ganesha exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                LibNfs(self.url, timeout_ms=5_000).close()
-                return
-            except OSError as e:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"ganesha not serving after {self.startup_timeout_s:.0f} s"
-                    ) from e
-                time.sleep(0.5)
+        proc = self.proc
+
+        def serves() -> bool:
+            LibNfs(self.url, timeout_ms=5_000).close()
+            return True
+
+        wait_until(
+            serves,
+            timeout_s=self.startup_timeout_s,
+            what="ganesha",
+            interval_s=0.5,
+            alive=lambda: None if proc.poll() is None else f"exited with {proc.returncode}",
+            log_tail=self.tail,
+        )
 
     def stop(self) -> None:
         netns.stop(self._procs)

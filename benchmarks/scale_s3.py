@@ -69,14 +69,13 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+import netns
+import scale_index as si
+from _common import ROOT
 
-import netns  # noqa: E402
-import scale_index as si  # noqa: E402
-
-from loadgen.progress import Progress  # noqa: E402
-from loadgen.seaweed import SeaweedServer  # noqa: E402
+from loadgen.progress import Progress
+from loadgen.seaweed import SeaweedServer
 
 CACHE = Path("/var/tmp/nfsgw-scale-s3")
 RATE_PROBE = 20_000  # the upload's rate is logged after this many objects

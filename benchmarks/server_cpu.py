@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,19 +32,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # a sibling script, as mypy names it
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common, siblings
+from _common import ROOT, free_port
+from workers import cpu_seconds
 
-from workers import cpu_seconds  # noqa: E402
+from gateway import fastwire
+from gateway.rpcclient import RpcClient
+from loadgen.gwmetrics import parse_metrics
+from nfsproto import nfs3
+from nfsproto.nfs3 import Nfs3Proc, NfsStat3
 
-from gateway import fastwire  # noqa: E402
-from gateway.rpcclient import RpcClient  # noqa: E402
-from loadgen.gwmetrics import parse_metrics  # noqa: E402
-from nfsproto import mount3, nfs3  # noqa: E402
-from nfsproto.nfs3 import Nfs3Proc, NfsStat3  # noqa: E402
-
-P = nfs3.PROCS
 MODES = ("native", "python", "no-fast-path")
 SMALL, MID, WHOLE = 100, 110_000, 128 * 1024
 FAST = "nfsgw_fast_path_calls_total{outcome=answered}"
@@ -61,13 +57,6 @@ class Result:
     calls_per_s: float
     fast_share: float | None  # of the calls the fast path saw, the share it answered
     wrong: int  # replies that were not what the call must get
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def fast_counters(admin: int) -> tuple[float, float]:
@@ -98,18 +87,8 @@ async def bench(
     inflight: int,
 ) -> list[Result]:
     c = await connect(port, srv, 60.0)
-    m = await c.call(
-        mount3.PROGRAM,
-        3,
-        mount3.MountProc.MNT,
-        mount3.pack_mnt3args,
-        mount3.Mnt3Args(b"/data"),
-        mount3.unpack_mnt3res,
-    )
-    root = m.fhandle
-
-    async def nfs(p: Nfs3Proc, args: object) -> Any:
-        return await c.call(nfs3.PROGRAM, 3, p, P[p].pack_args, args, P[p].unpack_res)  # type: ignore[arg-type]
+    root = (await c.mnt(b"/data")).fhandle
+    nfs = c.nfs  # any NFSv3 procedure of the call table (nfsproto.client.NFS3)
 
     d = await nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(root, b"class0")))
     dh = d.object

@@ -43,14 +43,12 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import netns  # noqa: E402
-from data_prefetch import ProxyProcess  # noqa: E402
-from scale_index import Ganesha, log  # noqa: E402
-from workers import (  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common, siblings
+import _common  # noqa: F401 (puts the repository on sys.path)
+import netns
+from data_prefetch import ProxyProcess
+from scale_index import Ganesha, log
+from workers import (
     CACHE,
     CClients,
     Nfsgw,
@@ -61,8 +59,8 @@ from workers import (  # noqa: E402
     place,
 )
 
-from loadgen.gwprocess import GatewayProcess  # noqa: E402
-from loadgen.seaweed import SeaweedServer  # noqa: E402
+from loadgen.gwprocess import GatewayProcess
+from loadgen.seaweed import SeaweedServer
 
 BUCKET = "shared-cache"
 MiB = 1 << 20

@@ -49,16 +49,14 @@ from typing import Protocol
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # a sibling script, as mypy names it
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common, siblings
+import _common  # noqa: F401 (puts the repository on sys.path)
+import netns
+from nfsreader import NfsReader
+from scale_index import Ganesha, log
 
-import netns  # noqa: E402
-from nfsreader import NfsReader  # noqa: E402
-from scale_index import Ganesha, log  # noqa: E402
-
-from loadgen.gwprocess import GatewayProcess  # noqa: E402
-from tests.libnfs import LibNfs  # noqa: E402
+from loadgen.gwprocess import GatewayProcess
+from tests.libnfs import LibNfs
 
 CACHE = Path("/var/tmp/nfsgw-workers")
 FOLDERS = 100

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from gateway.rpcclient import call_once
 from nfsproto import portmap, rpc
+from nfsproto.client import PMAP_GETPORT, PMAP_SET, PMAP_UNSET
 
 __all__ = ["getport", "set_mapping", "unset_mapping"]
 
@@ -18,43 +19,18 @@ TIMEOUT_S = 5.0
 CRED = rpc.auth_sys(0, 0, [], b"nfsgw")
 
 
-async def _set(host: str, port: int, m: portmap.Mapping, proc: int) -> bool:
-    return await call_once(
-        host,
-        port,
-        portmap.PROGRAM,
-        portmap.VERSION,
-        proc,
-        portmap.pack_mapping,
-        m,
-        portmap.unpack_bool,
-        cred=CRED,
-        timeout_s=TIMEOUT_S,
-    )
-
-
 async def set_mapping(host: str, port: int, m: portmap.Mapping) -> bool:
     # Replace a stale registration of a previous run first.
-    await _set(host, port, m, portmap.PmapProc.UNSET)
-    return await _set(host, port, m, portmap.PmapProc.SET)
+    await call_once(host, port, PMAP_UNSET, m, cred=CRED, timeout_s=TIMEOUT_S)
+    return await call_once(host, port, PMAP_SET, m, cred=CRED, timeout_s=TIMEOUT_S)
 
 
 async def unset_mapping(host: str, port: int, m: portmap.Mapping) -> bool:
-    return await _set(host, port, m, portmap.PmapProc.UNSET)
+    return await call_once(host, port, PMAP_UNSET, m, cred=CRED, timeout_s=TIMEOUT_S)
 
 
 async def getport(host: str, port: int, prog: int, vers: int) -> int:
     """The TCP port of (prog, vers) registered with the portmapper at ``host:port`` (0: not
     registered)."""
-    return await call_once(
-        host,
-        port,
-        portmap.PROGRAM,
-        portmap.VERSION,
-        portmap.PmapProc.GETPORT,
-        portmap.pack_mapping,
-        portmap.Mapping(prog, vers, portmap.IPPROTO_TCP, 0),
-        portmap.unpack_port,
-        cred=CRED,
-        timeout_s=TIMEOUT_S,
-    )
+    m = portmap.Mapping(prog, vers, portmap.IPPROTO_TCP, 0)
+    return await call_once(host, port, PMAP_GETPORT, m, cred=CRED, timeout_s=TIMEOUT_S)

@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,6 +31,7 @@ from types import TracebackType
 from typing import Protocol
 
 from loadgen.gwmetrics import Samples, parse_metrics
+from loadgen.waiting import wait_until
 
 __all__ = ["GatewayProcess", "S3Account", "free_port", "toml"]
 
@@ -174,20 +174,23 @@ class GatewayProcess:
                 env=self.env,
                 start_new_session=True,  # its own process group: _end signals the group
             )
-        deadline = time.monotonic() + self.startup_timeout_s
-        while not self._serving(offset):
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(
-                    f"{self.name} did not start in {self.startup_timeout_s:.0f} s:\n"
-                    + self.log_tail()
-                )
-            time.sleep(0.05)
+        try:
+            wait_until(
+                lambda: self._serving(offset),
+                timeout_s=self.startup_timeout_s,
+                what=self.name,
+                alive=self._exited,
+                log_tail=self.log_tail,
+            )
+        except RuntimeError:
+            self.kill()  # did not start in time (a process that exited is left as it is)
+            raise
         return self
+
+    def _exited(self) -> str | None:
+        """Why the child is gone (None: it runs)."""
+        p = self.proc
+        return None if p is None or p.poll() is None else f"exited with {p.returncode}"
 
     def _serving(self, offset: int) -> bool:
         """This run logged ``gateway_started`` (its listeners are open by then), or with

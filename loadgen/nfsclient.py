@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -23,9 +22,19 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from gateway.pmap_client import getport
 from gateway.rpcclient import RpcClient
 from nfsproto import mount3, nfs3, rpc
-from nfsproto.client import RpcError
+from nfsproto.client import (
+    MOUNT_MNT,
+    NFS3_ACCESS,
+    NFS3_FSINFO,
+    NFS3_GETATTR,
+    NFS3_LOOKUP,
+    NFS3_READ,
+    NFS3_READDIRPLUS,
+    CallSpec,
+    RpcError,
+)
 from nfsproto.nfs3 import NfsStat3
-from nfsproto.xdr import Buffer, Reader, Writer
+from nfsproto.xdr import Buffer
 
 __all__ = [
     "NfsClient",
@@ -147,14 +156,7 @@ class NfsClient:
                     raise ConnectionError(f"{u.host}: MOUNTv3 over TCP is not registered")
             mc = await RpcClient.connect(u.host, mport, cred=cred)
             try:
-                res = await mc.call(
-                    mount3.PROGRAM,
-                    mount3.VERSION,
-                    mount3.MountProc.MNT,
-                    mount3.pack_mnt3args,
-                    mount3.Mnt3Args(u.export.encode()),
-                    mount3.unpack_mnt3res,
-                )
+                res = await mc.invoke(MOUNT_MNT, mount3.Mnt3Args(u.export.encode()))
             finally:
                 await mc.close()
             if res.status != mount3.MountStat3.MNT3_OK:
@@ -183,70 +185,39 @@ class NfsClient:
 
     # ------------------------------------------------------------------ calls
 
-    async def _call(
-        self,
-        proc: nfs3.Nfs3Proc,
-        pack: Callable[[Writer, A], None],
-        args: A,
-        unpack: Callable[[Reader], R],
-    ) -> R:
-        self.counts[proc.name] += 1
+    async def _call(self, spec: CallSpec[A, R], args: A) -> R:
+        self.counts[spec.name] += 1
         conn = self._conns[next(self._next)] if len(self._conns) > 1 else self._conns[0]
         async with asyncio.timeout(self.timeout_s):
-            return await conn.call(nfs3.PROGRAM, nfs3.VERSION, proc, pack, args, unpack)
+            return await conn.invoke(spec, args)
 
     async def _fsinfo(self) -> nfs3.Fsinfo3Res:
-        res = await self._call(
-            nfs3.Nfs3Proc.FSINFO,
-            nfs3.pack_fsinfo3args,
-            nfs3.Fsinfo3Args(self.root),
-            nfs3.unpack_fsinfo3res,
-        )
+        res = await self._call(NFS3_FSINFO, nfs3.Fsinfo3Args(self.root))
         if res.status != NfsStat3.NFS3_OK:
             raise NfsError("FSINFO", res.status)
         return res
 
     async def getattr(self, fh: bytes) -> nfs3.Fattr3:
-        res = await self._call(
-            nfs3.Nfs3Proc.GETATTR,
-            nfs3.pack_getattr3args,
-            nfs3.Getattr3Args(fh),
-            nfs3.unpack_getattr3res,
-        )
+        res = await self._call(NFS3_GETATTR, nfs3.Getattr3Args(fh))
         if res.status != NfsStat3.NFS3_OK or res.obj_attributes is None:
             raise NfsError("GETATTR", res.status)
         return res.obj_attributes
 
     async def lookup(self, dir_fh: bytes, name: bytes) -> tuple[bytes, nfs3.Fattr3 | None]:
-        res = await self._call(
-            nfs3.Nfs3Proc.LOOKUP,
-            nfs3.pack_lookup3args,
-            nfs3.Lookup3Args(nfs3.Diropargs3(dir_fh, name)),
-            nfs3.unpack_lookup3res,
-        )
+        res = await self._call(NFS3_LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(dir_fh, name)))
         if res.status != NfsStat3.NFS3_OK:
             raise NfsError("LOOKUP", res.status, name.decode(errors="replace"))
         return res.object, res.obj_attributes
 
     async def access(self, fh: bytes, mask: int) -> int:
-        res = await self._call(
-            nfs3.Nfs3Proc.ACCESS,
-            nfs3.pack_access3args,
-            nfs3.Access3Args(fh, mask),
-            nfs3.unpack_access3res,
-        )
+        res = await self._call(NFS3_ACCESS, nfs3.Access3Args(fh, mask))
         if res.status != NfsStat3.NFS3_OK:
             raise NfsError("ACCESS", res.status)
         return res.access
 
     async def read(self, fh: bytes, offset: int, count: int) -> tuple[Buffer, bool]:
         """(data, eof). ``data`` may be shorter than ``count`` (a short read)."""
-        res = await self._call(
-            nfs3.Nfs3Proc.READ,
-            nfs3.pack_read3args,
-            nfs3.Read3Args(fh, offset, count),
-            nfs3.unpack_read3res,
-        )
+        res = await self._call(NFS3_READ, nfs3.Read3Args(fh, offset, count))
         if res.status != NfsStat3.NFS3_OK:
             raise NfsError("READ", res.status)
         return res.data, res.eof
@@ -262,10 +233,7 @@ class NfsClient:
         verf = b"\0" * nfs3.NFS3_COOKIEVERFSIZE
         for _ in range(max_calls):
             res = await self._call(
-                nfs3.Nfs3Proc.READDIRPLUS,
-                nfs3.pack_readdirplus3args,
-                nfs3.Readdirplus3Args(dir_fh, cookie, verf, maxcount, maxcount),
-                nfs3.unpack_readdirplus3res,
+                NFS3_READDIRPLUS, nfs3.Readdirplus3Args(dir_fh, cookie, verf, maxcount, maxcount)
             )
             if res.status != NfsStat3.NFS3_OK:
                 raise NfsError("READDIRPLUS", res.status)

@@ -48,7 +48,7 @@ _HOP_BY_HOP = frozenset(
 
 def request_kind(method: str, path: str, query: str) -> str:
     """``LIST`` for ListObjects(V2) (a GET of the bucket itself, path-style), else the HTTP
-    method."""
+    method. The one classification of S3 requests: ``tests.faultproxy`` counts by it too."""
     if method == "GET" and ("list-type=" in query or not path.lstrip("/").partition("/")[2]):
         return "LIST"
     return method

@@ -24,12 +24,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict
 
 from gateway.backend.sigv4 import EMPTY_SHA256, Credentials, SigV4Signer, encode_path
+from loadgen.waiting import NotReady, wait_until
 
 _PORT_NAMES = (
     "master.port",
@@ -228,25 +228,22 @@ class SeaweedServer:
         self._wait_ready()
 
     def _wait_ready(self) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + self.startup_timeout_s
-        last = "no answer"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SeaweedError(
-                    f"weed exited with {self.proc.returncode} during start-up\n{self.log_tail()}"
-                )
-            try:
-                status, body = self.request("GET", "/", timeout_s=2.0)
-                if status == 200:
-                    return
-                last = f"HTTP {status}: {body[:200]!r}"
-            except OSError as e:
-                last = f"{type(e).__name__}: {e}"
-            time.sleep(0.05)
-        raise SeaweedError(
-            f"SeaweedFS S3 on {self.endpoint_url} not ready after {self.startup_timeout_s:.0f} s "
-            f"({last})\n{self.log_tail()}"
+        proc = self.proc
+        assert proc is not None
+
+        def answers() -> bool:
+            status, body = self.request("GET", "/", timeout_s=2.0)
+            if status != 200:
+                raise NotReady(f"HTTP {status}: {body[:200]!r}")
+            return True
+
+        wait_until(
+            answers,
+            timeout_s=self.startup_timeout_s,
+            what=f"SeaweedFS S3 on {self.endpoint_url}",
+            alive=lambda: None if proc.poll() is None else f"weed exited with {proc.returncode}",
+            log_tail=self.log_tail,
+            error=SeaweedError,
         )
 
     def log_tail(self, lines: int = 40) -> str:

@@ -16,22 +16,112 @@ asyncio one in ``gateway.rpcclient``, a blocking one in the tests) own the socke
 A waiter is whatever the glue wants back with the reply (a future, the xid). Several calls
 may wait at once; replies may come in any order; a reply whose xid waits for nothing (the
 caller gave up: ``forget``) is dropped and counted in ``unmatched``.
+
+The call table: a ``CallSpec`` is one procedure as a client calls it (program, version,
+procedure, the argument packer and the result unpacker), so the glues' typed calls are
+``invoke(spec, args)`` and nobody spells the five again: ``NFS3[proc]`` for any NFSv3
+procedure (the codecs of ``nfs3.PROCS``, which check the value's class), ``NFS3_GETATTR`` ...
+for the ones clients make by name (typed results), ``MOUNT_MNT``, ``PMAP_SET``/``UNSET``/
+``GETPORT``.
+
+    res = await client.invoke(NFS3_GETATTR, nfs3.Getattr3Args(fh))   # gateway.rpcclient
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Final, Generic, NamedTuple, TypeVar
 
-from nfsproto import rpc
+from nfsproto import mount3, nfs3, portmap, rpc
+from nfsproto.nfs3 import Nfs3Proc
 from nfsproto.xdr import Buffer, Reader, Writer
 
-__all__ = ["RpcClientCore", "RpcError", "decode_reply", "decode_result"]
+__all__ = [
+    "MOUNT_MNT",
+    "NFS3",
+    "NFS3_ACCESS",
+    "NFS3_FSINFO",
+    "NFS3_GETATTR",
+    "NFS3_LOOKUP",
+    "NFS3_READ",
+    "NFS3_READDIRPLUS",
+    "PMAP_GETPORT",
+    "PMAP_SET",
+    "PMAP_UNSET",
+    "CallSpec",
+    "RpcClientCore",
+    "RpcError",
+    "decode_reply",
+    "decode_result",
+    "raw_spec",
+]
 
 W = TypeVar("W")
 T = TypeVar("T")
 A = TypeVar("A")
+
+
+class CallSpec(NamedTuple, Generic[A, T]):
+    """One procedure as a client calls it: where (``prog``, ``vers``, ``proc``), how its
+    arguments are packed and its result unpacked, and its name (counters, errors)."""
+
+    prog: int
+    vers: int
+    proc: int
+    pack_args: Callable[[Writer, A], None]
+    unpack_res: Callable[[Reader], T]
+    name: str = ""
+
+
+def _no_result(r: Reader) -> None:
+    """A raw call's results are the caller's to read."""
+
+
+def raw_spec(prog: int, vers: int, proc: int) -> CallSpec[Buffer, None]:
+    """A call whose arguments come encoded (``Writer.raw``), its results left to the caller
+    (``decode_reply``): for malformed-input tests and programs without a table."""
+    return CallSpec(prog, vers, proc, Writer.raw, _no_result)
+
+
+def _nfs3(
+    proc: Nfs3Proc, pack_args: Callable[[Writer, A], None], unpack_res: Callable[[Reader], T]
+) -> CallSpec[A, T]:
+    return CallSpec(nfs3.PROGRAM, nfs3.VERSION, proc, pack_args, unpack_res, proc.name)
+
+
+NFS3: Final[Mapping[Nfs3Proc, CallSpec[nfs3.Nfs3Args, nfs3.Nfs3Res]]] = {
+    p: _nfs3(p, nfs3.PROCS[p].pack_args, nfs3.PROCS[p].unpack_res) for p in Nfs3Proc
+}
+NFS3_GETATTR: Final = _nfs3(Nfs3Proc.GETATTR, nfs3.pack_getattr3args, nfs3.unpack_getattr3res)
+NFS3_LOOKUP: Final = _nfs3(Nfs3Proc.LOOKUP, nfs3.pack_lookup3args, nfs3.unpack_lookup3res)
+NFS3_ACCESS: Final = _nfs3(Nfs3Proc.ACCESS, nfs3.pack_access3args, nfs3.unpack_access3res)
+NFS3_READ: Final = _nfs3(Nfs3Proc.READ, nfs3.pack_read3args, nfs3.unpack_read3res)
+NFS3_READDIRPLUS: Final = _nfs3(
+    Nfs3Proc.READDIRPLUS, nfs3.pack_readdirplus3args, nfs3.unpack_readdirplus3res
+)
+NFS3_FSINFO: Final = _nfs3(Nfs3Proc.FSINFO, nfs3.pack_fsinfo3args, nfs3.unpack_fsinfo3res)
+MOUNT_MNT: Final = CallSpec(
+    mount3.PROGRAM,
+    mount3.VERSION,
+    mount3.MountProc.MNT,
+    mount3.pack_mnt3args,
+    mount3.unpack_mnt3res,
+    "MNT",
+)
+
+
+def _pmap(
+    proc: portmap.PmapProc, unpack_res: Callable[[Reader], T]
+) -> CallSpec[portmap.Mapping, T]:
+    return CallSpec(
+        portmap.PROGRAM, portmap.VERSION, proc, portmap.pack_mapping, unpack_res, proc.name
+    )
+
+
+PMAP_SET: Final = _pmap(portmap.PmapProc.SET, portmap.unpack_bool)
+PMAP_UNSET: Final = _pmap(portmap.PmapProc.UNSET, portmap.unpack_bool)
+PMAP_GETPORT: Final = _pmap(portmap.PmapProc.GETPORT, portmap.unpack_port)
 
 
 class RpcError(Exception):

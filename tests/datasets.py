@@ -1,5 +1,6 @@
 """Synthetic ImageFolder-shaped datasets for integration tests, their upload, the directory
-listings the gateway must show for them, and a spy that wraps an export's object store.
+listings the gateway must show for them (the spy that wraps an export's object store is
+``tests.harness.stores.SpyStore``).
 
 Owns: the source of truth the tests compare NFS reads and listings against. Must not: talk
 NFS. Object bodies are deterministic (``random.Random(seed)``), so a failing run repeats.
@@ -11,8 +12,8 @@ that cannot be a path (empty segment, ``.``, ``..``) are skipped.
 
 SeaweedFS (the test S3 server) cannot store the last kind: it normalises ``a//b`` to ``a/b``
 and answers 400 InvalidRequest to ``./x`` and ``x/../y``. Those keys are therefore not
-uploaded; ``SpyStore`` injects them into the listings the gateway receives, the way S3 itself
-would return them (as common prefixes with the delimiter).
+uploaded; ``tests.harness.stores.SpyStore`` injects them into the listings the gateway
+receives, the way S3 itself would return them (as common prefixes with the delimiter).
 """
 
 from __future__ import annotations
@@ -26,17 +27,12 @@ from dataclasses import dataclass, field
 
 from gateway.backend.base import (
     BackendError,
-    GetResult,
-    ListPage,
-    ObjectInfo,
     ObjectStore,
-    StoreWrapper,
 )
 
 __all__ = [
     "Dataset",
     "Expected",
-    "SpyStore",
     "build_imagefolder",
     "md5",
     "put_objects",
@@ -175,57 +171,6 @@ async def upload(ds: Dataset, store: ObjectStore, concurrency: int = 64) -> None
     jobs = [put(ds.prefix + k, v) for k, v in ds.files.items()]
     jobs += [put(ds.prefix + m + "/", b"") for m in ds.markers]
     await asyncio.gather(*jobs)
-
-
-class SpyStore(StoreWrapper):
-    """Wraps an ``ObjectStore``: records every GET range and injects ``extra_keys`` (full
-    keys) into listings as S3 would list them (an object, or a common prefix when the key has
-    the delimiter after the listed prefix). Injected entries go on the last page of a
-    listing. Everything else is delegated unchanged (so request counting stays with the
-    wrapped store's observer)."""
-
-    def __init__(self, inner: ObjectStore, extra_keys: Iterable[str] = ()) -> None:
-        super().__init__(inner)
-        self.extra_keys = sorted(extra_keys)
-        self.gets: list[tuple[str, int, int | None]] = []
-
-    def _inject(self, page: ListPage, prefix: str, delimiter: str | None) -> ListPage:
-        objs = {o.key: o for o in page.objects}
-        prefixes = set(page.prefixes)
-        for k in self.extra_keys:
-            if not k.startswith(prefix):
-                continue
-            rest = k[len(prefix) :]
-            i = rest.find(delimiter) if delimiter else -1
-            if i >= 0:
-                prefixes.add(prefix + rest[: i + len(delimiter or "")])
-            elif k not in objs:
-                objs[k] = ObjectInfo(k, 0, "d41d8cd98f00b204e9800998ecf8427e", 0)
-        return ListPage(
-            [objs[k] for k in sorted(objs)], sorted(prefixes), page.next_token, page.skipped
-        )
-
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        token: str | None = None,
-        start_after: str | None = None,
-        max_keys: int = 1000,
-    ) -> ListPage:
-        page = await self.inner.list_page(
-            prefix, delimiter=delimiter, token=token, start_after=start_after, max_keys=max_keys
-        )
-        if self.extra_keys and page.next_token is None:
-            page = self._inject(page, prefix, delimiter)
-        return page
-
-    async def get(
-        self, key: str, start: int = 0, end: int | None = None, *, if_match: str | None = None
-    ) -> GetResult:
-        self.gets.append((key, start, end))
-        return await self.inner.get(key, start, end, if_match=if_match)
 
 
 async def put_objects(

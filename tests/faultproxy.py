@@ -28,10 +28,13 @@ Faults (``Rule.fault``):
                docs/reliability.md); it is in ``CORRUPTIONS``
 ============== ==================================================================================
 
-A rule matches request kinds (``LIST`` for ListObjectsV2, else the method: ``GET``, ``HEAD``,
+A rule matches request kinds (``LIST`` for a bucket listing, else the method: ``GET``, ``HEAD``,
 ``PUT``, ``POST``, ``DELETE``), optionally only keys containing ``key``; it applies to the next
 ``times`` matching requests (None: until removed), each with ``probability`` (from a seeded
-``random.Random``, so runs repeat).
+``random.Random``, so runs repeat). Request kinds are ``loadgen.proxy.request_kind``'s (the
+one classification both proxies count by). Besides ``counts`` by (kind, fault), the proxy
+counts GETs per object key (``gets``, without the bucket) and LISTs per ``prefix`` (``lists``),
+faulted ones too. ``tests.harness.proxy.ThreadProxy`` runs it on a loop thread of its own.
 
     async with FaultProxy(seaweed.endpoint_url) as proxy:
         proxy.add(Rule("503", kinds={"GET"}, times=2))
@@ -49,12 +52,14 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from types import TracebackType
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import aiohttp
 from yarl import URL
 
-__all__ = ["CORRUPTIONS", "FAULTS", "FaultProxy", "Rule", "request_kind"]
+from loadgen.proxy import request_kind
+
+__all__ = ["CORRUPTIONS", "FAULTS", "FaultProxy", "Rule"]
 
 FAULTS = (
     "500",
@@ -87,14 +92,6 @@ _ERRORS = {
     "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error."),
     "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
 }
-
-
-def request_kind(method: str, target: str) -> str:
-    """``LIST`` for ListObjectsV2 (a GET with ``list-type=``), else the method."""
-    query = target.partition("?")[2]
-    if method == "GET" and "list-type=" in query:
-        return "LIST"
-    return method
 
 
 @dataclass(slots=True)
@@ -180,6 +177,8 @@ class FaultProxy:
         self.port = 0
         self.rules: list[Rule] = []
         self.counts: Counter[tuple[str, str]] = Counter()
+        self.gets: Counter[str] = Counter()  # GETs per key (without the bucket)
+        self.lists: Counter[str] = Counter()  # LISTs per prefix
         self.rng = random.Random(seed)
         self._server: asyncio.Server | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -275,7 +274,12 @@ class FaultProxy:
 
     async def _one(self, req: _Request, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; False when the connection must end."""
-        kind = request_kind(req.method, req.target)
+        path, _, query = req.target.partition("?")
+        kind = request_kind(req.method, path, query)
+        if kind == "GET":
+            self.gets[unquote(path).lstrip("/").partition("/")[2]] += 1  # drop the bucket
+        elif kind == "LIST":
+            self.lists[parse_qs(query).get("prefix", [""])[0]] += 1
         rule = self._pick(kind, req.target)
         fault = rule.fault if rule else "ok"
         self.counts[(kind, fault)] += 1

@@ -19,7 +19,15 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from nfsproto import mount3, nfs3, rpc
-from nfsproto.client import RpcClientCore, decode_reply, decode_result
+from nfsproto.client import (
+    MOUNT_MNT,
+    NFS3,
+    CallSpec,
+    RpcClientCore,
+    decode_reply,
+    decode_result,
+    raw_spec,
+)
 from nfsproto.xdr import Buffer, Reader, Writer
 
 __all__ = ["BlockingRpcClient"]
@@ -30,7 +38,8 @@ R = TypeVar("R")
 
 class BlockingRpcClient:
     """``call_raw`` returns the reply header and a Reader at what follows it, whatever the
-    status; ``call``/``nfs``/``mnt`` decode the result (``RpcError`` unless SUCCESS, and the
+    status; ``invoke`` (a ``CallSpec`` of ``nfsproto.client``'s call table), ``call``,
+    ``nfs``, ``mnt`` decode the result (``RpcError`` unless SUCCESS, and the
     result must use the whole reply). A server that closes raises ``ConnectionError``; one
     that does not answer within ``timeout_s`` raises ``TimeoutError``. ``sock`` adopts a
     connected socket instead of opening one."""
@@ -59,16 +68,8 @@ class BlockingRpcClient:
     def cred(self, cred: rpc.OpaqueAuth) -> None:
         self.core.cred = cred
 
-    def _roundtrip(
-        self,
-        prog: int,
-        vers: int,
-        proc: int,
-        pack_args: Callable[[Writer, A], None],
-        args: A,
-        cred: rpc.OpaqueAuth | None,
-    ) -> bytes:
-        xid, out = self.core.call(0, prog, vers, proc, pack_args, args, cred)
+    def _roundtrip(self, spec: CallSpec[A, R], args: A, cred: rpc.OpaqueAuth | None) -> bytes:
+        xid, out = self.core.call(0, spec.prog, spec.vers, spec.proc, spec.pack_args, args, cred)
         try:
             self.sock.sendall(b"".join(out))
             while True:
@@ -89,7 +90,11 @@ class BlockingRpcClient:
         cred: rpc.OpaqueAuth | None = None,
     ) -> tuple[rpc.ReplyHeader, Reader]:
         """One call with encoded ``args``, whatever the reply's status."""
-        return decode_reply(self._roundtrip(prog, vers, proc, Writer.raw, args, cred))
+        return decode_reply(self._roundtrip(raw_spec(prog, vers, proc), args, cred))
+
+    def invoke(self, spec: CallSpec[A, R], args: A, cred: rpc.OpaqueAuth | None = None) -> R:
+        """One call of the call table (``nfsproto.client``)."""
+        return decode_result(self._roundtrip(spec, args, cred), spec.unpack_res)
 
     def call(
         self,
@@ -101,21 +106,13 @@ class BlockingRpcClient:
         unpack_res: Callable[[Reader], R],
         cred: rpc.OpaqueAuth | None = None,
     ) -> R:
-        return decode_result(self._roundtrip(prog, vers, proc, pack_args, args, cred), unpack_res)
+        return self.invoke(CallSpec(prog, vers, proc, pack_args, unpack_res), args, cred)
 
     def nfs(self, proc: nfs3.Nfs3Proc, args: Any) -> Any:
-        codec = nfs3.PROCS[proc]
-        return self.call(nfs3.PROGRAM, nfs3.VERSION, proc, codec.pack_args, args, codec.unpack_res)
+        return self.invoke(NFS3[proc], args)
 
     def mnt(self, path: bytes) -> mount3.Mnt3Res:
-        return self.call(
-            mount3.PROGRAM,
-            mount3.VERSION,
-            mount3.MountProc.MNT,
-            mount3.pack_mnt3args,
-            mount3.Mnt3Args(path),
-            mount3.unpack_mnt3res,
-        )
+        return self.invoke(MOUNT_MNT, mount3.Mnt3Args(path))
 
     def close(self) -> None:
         self.sock.close()

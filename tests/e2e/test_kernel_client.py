@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,8 +37,10 @@ from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
 from tests.e2e.guest import Guest, GuestResult
 from tests.e2e.tree import MiB, Tree, md5
-from tests.faultproxy import FaultProxy, Rule
-from tests.harness.thread import GatewayThread, LoopThread
+from tests.faultproxy import Rule
+from tests.harness.buckets import MakeBucket
+from tests.harness.proxy import ThreadProxy
+from tests.harness.thread import GatewayThread
 
 pytestmark = [pytest.mark.s3, pytest.mark.kclient]
 
@@ -288,13 +289,8 @@ EXPECTED_PHASES = {
 
 
 @pytest.fixture
-def bucket(seaweed: SeaweedServer) -> Iterator[str]:
-    name = f"e2ew-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-    try:
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+def bucket(make_bucket: MakeBucket) -> str:
+    return make_bucket("e2ew")
 
 
 async def _bucket_state(
@@ -447,9 +443,7 @@ echo @@END
 def test_backend_outage_is_jukebox_and_the_kernel_retries(
     guest: Guest, seaweed: SeaweedServer, tree: Tree, tree_bucket: str, tmp_path: Path
 ) -> None:
-    loop = LoopThread("e2e-faultproxy").start()
-    proxy = FaultProxy(seaweed.endpoint_url)
-    loop.run(proxy.start())
+    proxy = ThreadProxy(seaweed.endpoint_url, name="e2e-faultproxy")
     gw = GatewayProcess(
         tmp_path,
         [{"path": "/data", "backend": f"s3://{tree_bucket}/{tree.prefix}", "read_only": True}],
@@ -466,20 +460,19 @@ def test_backend_outage_is_jukebox_and_the_kernel_retries(
     jukebox = "nfsgw_rpc_requests_total{proc=NFS3.READ,status=NFS3ERR_JUKEBOX}"
     try:
         gw.start()
-        loop.call(proxy.add, Rule("503", {"GET"}))  # every GET fails: an outage
+        proxy.add(Rule("503", {"GET"}))  # every GET fails: an outage
         with guest.start(OUTAGE_SCRIPT, nfs_port=gw.port, timeout_s=RUN_TIMEOUT_S) as run:
             assert run.wait_for(r"^@@READING$", RUN_TIMEOUT_S), run.wait().describe()
             for _ in range(600):  # until the gateway has answered JUKEBOX (bounded: 60 s)
                 if gw.metrics().get(jukebox, 0) > 0:
                     break
                 time.sleep(0.1)
-            loop.call(proxy.clear)  # the store is back
+            proxy.clear()  # the store is back
             r = run.wait()
         served = gw.metrics()
     finally:
         gw.stop()
-        loop.run(proxy.close())
-        loop.close()
+        proxy.close()
     _ok(r)
     assert served.get(jukebox, 0) > 0, "the outage never reached the client"
     assert "ERRORS" not in r.output, r.output

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +32,7 @@ from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
 from tests.e2e import pjdfstest
 from tests.e2e.guest import Guest
+from tests.harness.buckets import MakeBucket
 from tests.harness.thread import GatewayThread
 
 pytestmark = [pytest.mark.s3, pytest.mark.kclient]
@@ -94,13 +93,8 @@ def suite() -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def bucket(seaweed: SeaweedServer) -> Iterator[str]:
-    name = f"pjd-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-    try:
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+def bucket(make_bucket: MakeBucket) -> str:
+    return make_bucket("pjd")
 
 
 def _keys(seaweed: SeaweedServer, bucket: str) -> list[str]:

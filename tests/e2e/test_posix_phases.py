@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
 from tests.e2e.guest import Guest, GuestResult
+from tests.harness.buckets import MakeBucket
 from tests.harness.thread import GatewayThread
 
 pytestmark = [pytest.mark.s3, pytest.mark.kclient]
@@ -70,13 +69,8 @@ ALLOWED_ERRORS = {
 
 
 @pytest.fixture
-def bucket(seaweed: SeaweedServer) -> Iterator[str]:
-    name = f"kc-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-    try:
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+def bucket(make_bucket: MakeBucket) -> str:
+    return make_bucket("kc")
 
 
 async def _seed(seaweed: SeaweedServer, bucket: str) -> None:

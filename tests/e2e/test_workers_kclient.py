@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
 from tests.e2e.guest import Guest
 from tests.e2e.test_posix_phases import ALLOWED_ERRORS, _seed, check_phases, run_phases
+from tests.harness.buckets import MakeBucket
 
 pytestmark = [pytest.mark.s3, pytest.mark.kclient]
 
@@ -33,13 +32,8 @@ sh /job/posix_phases.sh
 
 
 @pytest.fixture
-def bucket(seaweed: SeaweedServer) -> Iterator[str]:
-    name = f"kw-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-    try:
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+def bucket(make_bucket: MakeBucket) -> str:
+    return make_bucket("kw")
 
 
 def _series(samples: dict[str, float], name: str) -> dict[str, float]:

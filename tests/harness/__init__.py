@@ -7,4 +7,8 @@
   real stores, for blocking clients (libnfs, ``tests.rpcclient.BlockingRpcClient``).
 - ``loadgen.gwprocess.GatewayProcess``: ``nfsgw serve`` as a child process (kill -9 and
   restart, signals, the kernel client), shared with the benchmarks and ``make demo``.
+
+Around them: ``tests.harness.proxy.ThreadProxy`` (S3 faults and request counts),
+``tests.harness.stores`` (``GatedStore``, ``SpyStore``), ``tests.harness.buckets`` (fresh
+buckets; the ``make_bucket`` fixture). Which one to use when: tests/README.md.
 """

@@ -24,7 +24,7 @@ import asyncio
 import random
 import socket
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -37,12 +37,12 @@ from gateway.ops.config import ServerConfig
 from gateway.ops.server import ConfigLoader, Server
 from gateway.ops.systemd import Notifier
 from gateway.registry import Gateway
-from gateway.rpcclient import RpcClient
+from gateway.rpcclient import RpcClient, TypedCalls
 from gateway.transport import Peer
-from nfsproto import mount3, nfs3, rpc
-from nfsproto.client import decode_reply, decode_result
-from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3
-from nfsproto.xdr import Buffer, Reader, Writer
+from nfsproto import mount3, rpc
+from nfsproto.client import CallSpec
+from nfsproto.nfs3 import NfsStat3
+from nfsproto.xdr import Buffer, Writer
 
 __all__ = [
     "PEER",
@@ -87,44 +87,16 @@ def gateway_config(
     )
 
 
-class Calls:
-    """Typed NFS and MOUNT calls over ``call`` (``nfsproto.client.RpcError`` unless the reply
-    is SUCCESS; the NFS status is the caller's to check, except in ``mount`` and ``walk``)."""
-
-    async def call(
-        self,
-        prog: int,
-        vers: int,
-        proc: int,
-        pack_args: Callable[[Writer, A], None],
-        args: A,
-        unpack_res: Callable[[Reader], T],
-        cred: rpc.OpaqueAuth | None = None,
-    ) -> T:
-        raise NotImplementedError
-
-    async def nfs(self, proc: Nfs3Proc, args: Any) -> Any:
-        c = nfs3.PROCS[proc]
-        return await self.call(nfs3.PROGRAM, nfs3.VERSION, proc, c.pack_args, args, c.unpack_res)
-
-    async def mnt(self, path: bytes) -> mount3.Mnt3Res:
-        return await self.call(
-            mount3.PROGRAM,
-            mount3.VERSION,
-            mount3.MountProc.MNT,
-            mount3.pack_mnt3args,
-            mount3.Mnt3Args(path),
-            mount3.unpack_mnt3res,
-        )
+class Calls(TypedCalls):
+    """``gateway.rpcclient.TypedCalls`` (NFS and MOUNT by procedure, a few procedures by
+    name; the NFS status is the caller's to check) plus the two that must succeed: ``mount``
+    and ``walk``."""
 
     async def mount(self, path: bytes) -> bytes:
         """The root handle of ``path`` (MNT must succeed)."""
         res = await self.mnt(path)
         assert res.status == mount3.MountStat3.MNT3_OK, (path, res.status)
         return res.fhandle
-
-    async def lookup(self, d: bytes, name: bytes) -> Any:
-        return await self.nfs(Nfs3Proc.LOOKUP, nfs3.Lookup3Args(Diropargs3(d, name)))
 
     async def walk(self, d: bytes, path: str) -> bytes:
         """The handle of ``path`` (``a/b/c``) under directory ``d``; every LOOKUP must succeed."""
@@ -133,20 +105,6 @@ class Calls:
             assert res.status == NfsStat3.NFS3_OK, (path, res.status)
             d = res.object
         return d
-
-    async def getattr(self, fh: bytes) -> Any:
-        return await self.nfs(Nfs3Proc.GETATTR, nfs3.Getattr3Args(fh))
-
-    async def access(self, fh: bytes, bits: int = 0x3F) -> Any:
-        return await self.nfs(Nfs3Proc.ACCESS, nfs3.Access3Args(fh, bits))
-
-    async def read(self, fh: bytes, offset: int = 0, count: int = 1 << 20) -> Any:
-        return await self.nfs(Nfs3Proc.READ, nfs3.Read3Args(fh, offset, count))
-
-    async def readdirplus(self, fh: bytes, cookie: int = 0, verf: bytes = bytes(8)) -> Any:
-        return await self.nfs(
-            Nfs3Proc.READDIRPLUS, nfs3.Readdirplus3Args(fh, cookie, verf, 4096, 65536)
-        )
 
 
 class MemoryClient(Calls):
@@ -178,46 +136,14 @@ class MemoryClient(Calls):
         out = await self.server.dispatcher.handle(record, self.peer)
         return None if out is None else b"".join(bytes(b) for b in out)
 
-    async def _roundtrip(
-        self,
-        prog: int,
-        vers: int,
-        proc: int,
-        pack_args: Callable[[Writer, A], None],
-        args: A,
-        cred: rpc.OpaqueAuth | None,
-    ) -> bytes:
+    async def _roundtrip(self, spec: CallSpec[A, T], args: A, cred: rpc.OpaqueAuth | None) -> bytes:
         self.xid = xid = self.xid + 1
         w = Writer()
-        rpc.pack_call(w, xid, prog, vers, proc, cred or self.cred)
-        pack_args(w, args)
+        rpc.pack_call(w, xid, spec.prog, spec.vers, spec.proc, cred or self.cred)
+        spec.pack_args(w, args)
         reply = await self.record(w.getvalue())
         assert reply is not None and rpc.peek_xid(reply) == xid, reply
         return reply
-
-    async def call_raw(
-        self,
-        prog: int,
-        vers: int,
-        proc: int,
-        args: Buffer = b"",
-        cred: rpc.OpaqueAuth | None = None,
-    ) -> tuple[rpc.ReplyHeader, Reader]:
-        """One call with encoded ``args``; the reply header and a Reader at what follows it."""
-        return decode_reply(await self._roundtrip(prog, vers, proc, Writer.raw, args, cred))
-
-    async def call(
-        self,
-        prog: int,
-        vers: int,
-        proc: int,
-        pack_args: Callable[[Writer, A], None],
-        args: A,
-        unpack_res: Callable[[Reader], T],
-        cred: rpc.OpaqueAuth | None = None,
-    ) -> T:
-        reply = await self._roundtrip(prog, vers, proc, pack_args, args, cred)
-        return decode_result(reply, unpack_res)
 
 
 class TcpClient(RpcClient, Calls):

@@ -29,25 +29,22 @@ waits are bounded polls on the gateway's prefetch metrics and the proxy's counts
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import unquote
 
 import pytest
 
-from gateway.backend.s3 import S3Store
 from gateway.data.cache import ENTRY_OVERHEAD
 from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
-from tests.datasets import put_objects
-from tests.faultproxy import FaultProxy, Rule, request_kind
-from tests.harness.thread import GatewayThread, LoopThread
+from tests.faultproxy import Rule
+from tests.harness.buckets import Buckets
+from tests.harness.proxy import ThreadProxy
+from tests.harness.thread import GatewayThread
 from tests.libnfs import LibNfs, libnfs_available
 
 pytestmark = [
@@ -90,101 +87,27 @@ def non_empty(files: Mapping[str, bytes], dirs: tuple[str, ...] = DIRS) -> list[
     return sorted(p for p, v in files.items() if v and p.partition("/")[0] in dirs)
 
 
-# ---------------------------------------------------------------------------------- the proxy
-
-
-class _KeyCountingProxy(FaultProxy):
-    """A ``FaultProxy`` that also counts GET requests per object key (faulted ones too)."""
-
-    def __init__(self, upstream: str, *, seed: int) -> None:
-        super().__init__(upstream, seed=seed)
-        self.keys: Counter[str] = Counter()
-
-    async def _one(self, req: Any, writer: asyncio.StreamWriter) -> bool:
-        if request_kind(req.method, req.target) == "GET":
-            path = unquote(req.target.partition("?")[0])
-            self.keys[path.lstrip("/").partition("/")[2]] += 1  # drop the bucket
-        return await super()._one(req, writer)
-
-
-class Proxy:
-    """A ``_KeyCountingProxy`` on a loop thread of its own."""
-
-    def __init__(self, upstream: str, seed: int = 7) -> None:
-        self.loop = LoopThread("s3proxy").start()
-        self.p = _KeyCountingProxy(upstream, seed=seed)
-        self.loop.run(self.p.start())
-
-    @property
-    def endpoint_url(self) -> str:
-        return self.p.endpoint_url
-
-    def add(self, *rules: Rule) -> None:
-        self.loop.call(self.p.add, *rules)
-
-    def clear(self) -> None:
-        self.loop.call(self.p.clear)
-
-    def counts(self) -> Counter[tuple[str, str]]:
-        """(kind, fault) -> requests ("ok": not faulted)."""
-        return self.loop.call(lambda: Counter(self.p.counts))
-
-    def kinds(self) -> Counter[str]:
-        """Requests by kind (LIST, GET, HEAD, ...), faulted or not."""
-        out: Counter[str] = Counter()
-        for (kind, _), n in self.counts().items():
-            out[kind] += n
-        return out
-
-    def gets(self) -> Counter[str]:
-        """GET requests per key (relative to the export's prefix ``ds/``)."""
-        keys = self.loop.call(lambda: Counter(self.p.keys))
-        return Counter({k[len(PREFIX) :]: n for k, n in keys.items() if k.startswith(PREFIX)})
-
-    def close(self) -> None:
-        try:
-            self.loop.run(self.p.close())
-        finally:
-            self.loop.close()
-
-
 # ---------------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
 def tree(seaweed: SeaweedServer) -> Iterator[tuple[str, dict[str, bytes]]]:
     """A bucket holding ``make_tree()`` under ``ds/`` (no test changes it)."""
-    name = f"dp-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
     files = make_tree()
-
-    async def fill() -> None:
-        store = S3Store(name, **seaweed.store_kwargs())
-        try:
-            await put_objects(store, {PREFIX + k: v for k, v in files.items()}, concurrency=32)
-        finally:
-            await store.close()
-
-    try:
-        asyncio.run(fill())
-        yield name, files
-    finally:
-        seaweed.delete_bucket(name)
+    with Buckets(seaweed) as buckets:
+        yield buckets.make("dp", {PREFIX + k: v for k, v in files.items()}), files
 
 
 @pytest.fixture
-def proxy(seaweed: SeaweedServer) -> Iterator[Proxy]:
-    p = Proxy(seaweed.endpoint_url)
-    try:
+def proxy(seaweed: SeaweedServer) -> Iterator[ThreadProxy]:
+    with ThreadProxy(seaweed.endpoint_url, seed=7) as p:
         yield p
-    finally:
-        p.close()
 
 
 def gateway(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    proxy: ThreadProxy,
     bucket: str,
     exports: list[ExportConfig] | None = None,
     **settings: Any,
@@ -241,7 +164,7 @@ def settle(gw: GatewayThread) -> dict[str, float]:
     return wait_for(lambda: prefetch_metrics(gw), idle, "prefetch queue empty")
 
 
-def stopped(gw: GatewayThread, proxy: Proxy, polls: int = 5) -> dict[str, float]:
+def stopped(gw: GatewayThread, proxy: ThreadProxy, polls: int = 5) -> dict[str, float]:
     """Until the prefetcher waits for room with nothing in flight and the GET count at the
     proxy stays put over ``polls`` polls 0.1 s apart (twice its 0.05 s look-again period: a
     moment with nothing in flight may come just before it finds room again); its metrics."""
@@ -253,7 +176,7 @@ def stopped(gw: GatewayThread, proxy: Proxy, polls: int = 5) -> dict[str, float]
             raise AssertionError(f"the prefetcher did not stop in {WAIT_S} s; last {last!r}")
         time.sleep(0.1)
         m = prefetch_metrics(gw)
-        n = sum(proxy.gets().values())
+        n = sum(proxy.gets(PREFIX).values())
         waiting = m["nfsgw_prefetch_waiting_room"] == 1 and m["nfsgw_prefetch_inflight"] == 0
         same = same + 1 if waiting and n == last[0] else 0
         last = (n, m)
@@ -314,7 +237,7 @@ def read_statuses(gw: GatewayThread) -> Counter[str]:
 def test_dataset_that_fits_is_fetched_once_ahead_and_read_with_no_get(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    proxy: ThreadProxy,
     tree: tuple[str, dict[str, bytes]],
 ) -> None:
     bucket, files = tree
@@ -329,13 +252,13 @@ def test_dataset_that_fits_is_fetched_once_ahead_and_read_with_no_get(
         m = settle(gw)
         assert m["nfsgw_prefetch_objects_total"] == len(small)
         assert m["nfsgw_prefetch_errors_total"] == 0
-        assert proxy.gets() == Counter(small)  # each non-empty file once, the empty one never
+        assert proxy.gets(PREFIX) == Counter(small)  # each non-empty file once, the empty one never
         before = proxy.kinds()
 
         read_all(nfs, files, shuffled(in_dirs(files), seed=1))
 
         assert proxy.kinds() == before  # not a single request during the read phase
-        assert proxy.gets() == Counter(small)  # 1.00 GET per file
+        assert proxy.gets(PREFIX) == Counter(small)  # 1.00 GET per file
         m = prefetch_metrics(gw)
         assert m["nfsgw_prefetch_useful_total"] == len(small)
         assert m["nfsgw_prefetch_wasted_total"] == 0
@@ -346,7 +269,7 @@ def test_dataset_that_fits_is_fetched_once_ahead_and_read_with_no_get(
 def test_a_read_of_an_object_being_prefetched_costs_no_second_get(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    proxy: ThreadProxy,
     tree: tuple[str, dict[str, bytes]],
 ) -> None:
     bucket, files = tree
@@ -355,23 +278,25 @@ def test_a_read_of_an_object_being_prefetched_costs_no_second_get(
     with gateway(tmp_path, seaweed, proxy, bucket) as gw, LibNfs(gw.libnfs_url()) as nfs:
         scan(nfs, files, dirs=("c0",))
         # The prefetch's GET of the target reached S3's side and is held there.
-        wait_for(proxy.gets, lambda g: g[target] == 1, "the prefetch GET of the target")
+        wait_for(
+            lambda: proxy.gets(PREFIX), lambda g: g[target] == 1, "the prefetch GET of the target"
+        )
         assert prefetch_metrics(gw)["nfsgw_prefetch_inflight"] >= 1
         assert nfs.read_file("/" + target) == files[target]
-        assert proxy.gets()[target] == 1
+        assert proxy.gets(PREFIX)[target] == 1
         assert gw.data_stats()["ahead_joined"] >= 1
         assert prefetch_metrics(gw)["nfsgw_prefetch_joined_total"] >= 1
         settle(gw)
         c0 = non_empty(files, ("c0",))
-        assert proxy.gets() == Counter(c0)
+        assert proxy.gets(PREFIX) == Counter(c0)
         read_all(nfs, files, shuffled(c0, seed=2))
-        assert proxy.gets() == Counter(c0)
+        assert proxy.gets(PREFIX) == Counter(c0)
 
 
 def test_a_cache_full_of_unread_prefetched_data_stops_the_prefetcher(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    proxy: ThreadProxy,
     tree: tuple[str, dict[str, bytes]],
 ) -> None:
     bucket, files = tree
@@ -383,13 +308,13 @@ def test_a_cache_full_of_unread_prefetched_data_stops_the_prefetcher(
     ):
         scan(nfs, files)
         m = stopped(gw, proxy)
-        fetched = proxy.gets()
+        fetched = proxy.gets(PREFIX)
         n = sum(fetched.values())
         assert 20 <= n < len(small) // 2, n  # what 1 MiB holds, not the tree
         assert set(fetched.values()) == {1}
         for _ in range(5):  # and stays stopped: nothing evicted for more prefetch
             time.sleep(0.1)
-            assert proxy.gets() == fetched
+            assert proxy.gets(PREFIX) == fetched
             assert prefetch_metrics(gw)["nfsgw_prefetch_waiting_room"] == 1
         assert m["nfsgw_prefetch_wasted_total"] == 0
 
@@ -399,19 +324,21 @@ def test_a_cache_full_of_unread_prefetched_data_stops_the_prefetcher(
         assert len(kept) == n - m["nfsgw_prefetch_dropped_total"] >= 20
         got = kept[:20]
         read_all(nfs, files, got)
-        after = proxy.gets()
+        after = proxy.gets(PREFIX)
         assert all(after[p] == 1 for p in got)
-        wait_for(proxy.gets, lambda g: sum(g.values()) > n, "the prefetcher resumes")
+        wait_for(
+            lambda: proxy.gets(PREFIX), lambda g: sum(g.values()) > n, "the prefetcher resumes"
+        )
         m = prefetch_metrics(gw)
         assert m["nfsgw_prefetch_useful_total"] == 20
         assert m["nfsgw_prefetch_wasted_total"] == 0  # nothing unread was evicted
-        assert set(proxy.gets().values()) == {1}
+        assert set(proxy.gets(PREFIX).values()) == {1}
 
 
 def test_a_503_storm_slows_the_prefetcher_and_fails_no_read(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    proxy: ThreadProxy,
     tree: tuple[str, dict[str, bytes]],
 ) -> None:
     bucket, files = tree
@@ -444,7 +371,7 @@ def test_a_503_storm_slows_the_prefetcher_and_fails_no_read(
 def test_off_restores_todays_request_counts(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    proxy: ThreadProxy,
     tree: tuple[str, dict[str, bytes]],
     where: str,
 ) -> None:
@@ -478,8 +405,8 @@ def test_off_restores_todays_request_counts(
                 "/on prefetched",
             )
             settle(gw)
-            assert proxy.gets() == Counter(on_files)  # the global switch is on
-        assert not any(proxy.gets()[p] for p in small)  # listing /data: no GET at all
+            assert proxy.gets(PREFIX) == Counter(on_files)  # the global switch is on
+        assert not any(proxy.gets(PREFIX)[p] for p in small)  # listing /data: no GET at all
         before = proxy.kinds()
         listed = before["LIST"]
 
@@ -488,7 +415,9 @@ def test_off_restores_todays_request_counts(
         reads = proxy.kinds()
         reads.subtract(before)
         assert +reads == Counter({"GET": len(small)})  # one GET per file read, nothing else
-        assert Counter({p: n for p, n in proxy.gets().items() if p in small}) == Counter(small)
+        assert Counter({p: n for p, n in proxy.gets(PREFIX).items() if p in small}) == Counter(
+            small
+        )
         assert listed == len(dirs) + 2  # today's: each directory listed once
         m = prefetch_metrics(gw)
         assert m["nfsgw_prefetch_useful_total"] == 0
@@ -498,7 +427,7 @@ def test_off_restores_todays_request_counts(
 def test_objects_the_prefetcher_fetches_into_a_nearly_full_cache_are_kept(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    proxy: ThreadProxy,
     tree: tuple[str, dict[str, bytes]],
 ) -> None:
     """A memory tier with room for exactly 22 of ``eq/``'s 8 KiB files (24 would need 24 x
@@ -515,6 +444,6 @@ def test_objects_the_prefetcher_fetches_into_a_nearly_full_cache_are_kept(
     ):
         scan(nfs, files, dirs=("eq",))
         m = stopped(gw, proxy)
-        fetched = sum(proxy.gets().values())
+        fetched = sum(proxy.gets(PREFIX).values())
         assert m["nfsgw_prefetch_dropped_total"] == 0
         assert gw.data_stats()["entries"] == fetched == 22  # every GET made is kept

@@ -14,27 +14,23 @@ Every byte is checked against the uploaded bodies every time.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import time
 import urllib.request
-import uuid
-from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
 from loadgen.gwprocess import GatewayProcess
-from loadgen.proxy import DelayProxy
 from loadgen.seaweed import SeaweedServer
 from tests.datasets import md5
-from tests.harness.thread import GatewayThread, LoopThread
+from tests.harness.buckets import MakeBucket
+from tests.harness.proxy import ThreadProxy
+from tests.harness.thread import GatewayThread
 from tests.libnfs import LibNfs, libnfs_available
 
 pytestmark = [
@@ -58,64 +54,17 @@ def make_files(n: int = 160, seed: int = 12) -> dict[str, bytes]:
     return files
 
 
-class Proxy:
-    """A counting ``DelayProxy`` on a loop thread of its own."""
-
-    def __init__(self, upstream: str) -> None:
-        self.loop = LoopThread("s3proxy").start()
-        self.proxy = DelayProxy(upstream)
-        self.loop.run(self.proxy.start())
-
-    def counts(self) -> Counter[str]:
-        return self.loop.call(lambda: Counter(self.proxy.counts))
-
-    def close(self) -> None:
-        try:
-            self.loop.run(self.proxy.close())
-        finally:
-            self.loop.close()
-
-
 @pytest.fixture
-def bucket(seaweed: SeaweedServer) -> Iterator[tuple[str, dict[str, bytes]]]:
-    name = f"dc-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
+def bucket(make_bucket: MakeBucket) -> tuple[str, dict[str, bytes]]:
     files = make_files()
-
-    async def fill() -> None:
-        store = S3Store(name, **seaweed.store_kwargs())
-        try:
-            sem = asyncio.Semaphore(32)
-
-            async def put(k: str, v: bytes) -> None:
-                async with sem:
-                    await store.put("ds/" + k, v)
-
-            await asyncio.gather(*(put(k, v) for k, v in files.items()))
-        finally:
-            await store.close()
-
-    try:
-        asyncio.run(fill())
-        yield name, files
-    finally:
-        seaweed.delete_bucket(name)
-
-
-@pytest.fixture
-def proxy(seaweed: SeaweedServer) -> Iterator[Proxy]:
-    p = Proxy(seaweed.endpoint_url)
-    try:
-        yield p
-    finally:
-        p.close()
+    return make_bucket("dc", {"ds/" + k: v for k, v in files.items()}), files
 
 
 def gateway(
-    tmp_path: Path, seaweed: SeaweedServer, proxy: Proxy, bucket: str, memory: int
+    tmp_path: Path, seaweed: SeaweedServer, proxy: ThreadProxy, bucket: str, memory: int
 ) -> GatewayThread:
     s3 = dict(seaweed.store_kwargs())
-    s3["endpoint_url"] = proxy.proxy.endpoint_url
+    s3["endpoint_url"] = proxy.endpoint_url
     return GatewayThread(
         [ExportConfig("/data", f"s3://{bucket}/ds/", read_only=True, immutable=True)],
         state_dir=tmp_path / "state",
@@ -155,28 +104,28 @@ def disk_stats(gw: GatewayThread) -> dict[str, int]:
 def test_dataset_eight_times_memory_costs_no_get_in_epoch_two_and_after_restarts(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    thread_proxy: ThreadProxy,
     bucket: tuple[str, dict[str, bytes]],
 ) -> None:
     name, files = bucket
     total = sum(len(v) for v in files.values())
     memory = total // 8
     small = sum(1 for v in files.values() if 0 < len(v) <= MiB)
-    with gateway(tmp_path, seaweed, proxy, name, memory) as gw:
-        before = proxy.counts()
+    with gateway(tmp_path, seaweed, thread_proxy, name, memory) as gw:
+        before = thread_proxy.kinds()
         epoch(gw, files, seed=1)
-        gets1 = proxy.counts()["GET"] - before["GET"]
+        gets1 = thread_proxy.kinds()["GET"] - before["GET"]
         assert small <= gets1 <= small + 4  # one GET per small file; the 3 MiB file in blocks
         assert disk_stats(gw)["writes"] == small + 4  # every small file and the four blocks
-        before = proxy.counts()
+        before = thread_proxy.kinds()
         epoch(gw, files, seed=2)
-        assert proxy.counts()["GET"] == before["GET"]  # epoch 2: 0 GETs
+        assert thread_proxy.kinds()["GET"] == before["GET"]  # epoch 2: 0 GETs
         s = disk_stats(gw)
         assert s["hits"] > 0 and s["corrupt"] == 0 and s["used_bytes"] <= s["budget_bytes"]
-    before = proxy.counts()
-    with gateway(tmp_path, seaweed, proxy, name, memory) as gw:  # restarted, memory empty
+    before = thread_proxy.kinds()
+    with gateway(tmp_path, seaweed, thread_proxy, name, memory) as gw:  # restarted, memory empty
         epoch(gw, files, seed=3)
-        assert proxy.counts()["GET"] == before["GET"]  # first epoch after a restart: 0 GETs
+        assert thread_proxy.kinds()["GET"] == before["GET"]  # first epoch after a restart: 0 GETs
         assert disk_stats(gw)["hits"] == small + 4
     entries = sorted((tmp_path / "cache" / "v1").glob("*/[0-9a-f]*"))
     assert len(entries) == small + 4
@@ -185,10 +134,10 @@ def test_dataset_eight_times_memory_costs_no_get_in_epoch_two_and_after_restarts
     raw[-1] ^= 0x40
     flipped.write_bytes(raw)
     cut.write_bytes(cut.read_bytes()[:-1000])
-    before = proxy.counts()
-    with gateway(tmp_path, seaweed, proxy, name, memory) as gw:
+    before = thread_proxy.kinds()
+    with gateway(tmp_path, seaweed, thread_proxy, name, memory) as gw:
         epoch(gw, files, seed=4)  # bytes still right: the bad entries are never served
-        assert proxy.counts()["GET"] - before["GET"] == 2
+        assert thread_proxy.kinds()["GET"] - before["GET"] == 2
         s = disk_stats(gw)
         assert s["corrupt"] == 2 and s["writes"] == 2  # dropped, fetched, published again
 
@@ -246,7 +195,7 @@ def _served_from_the_shared_tier(gw: GatewayProcess, small: int) -> None:
 def test_two_workers_share_the_disk_tier_a_warm_up_fills_and_restarts_keep(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    thread_proxy: ThreadProxy,
     bucket: tuple[str, dict[str, bytes]],
 ) -> None:
     name, files = bucket
@@ -264,23 +213,23 @@ def test_two_workers_share_the_disk_tier_a_warm_up_fills_and_restarts_keep(
                 "small_file_max": MiB,
             },
         },
-        s3=Account(proxy.proxy.endpoint_url, seaweed.access_key, seaweed.secret_key),
+        s3=Account(thread_proxy.endpoint_url, seaweed.access_key, seaweed.secret_key),
         workers=2,
     )
     with gw:
-        before = proxy.counts()["GET"]
+        before = thread_proxy.kinds()["GET"]
         status, job = _post(gw, "/v1/warmup", {"path": "/data", "data": True, "wait": True})
         assert status == 200 and job["state"] == "done" and job["tier"] == "disk", job
         # The data prefetcher (on by default; with workers it fills the disk tier) may have
         # written some first: the warm-up then finds them cached. Either way one GET each.
         assert job["files_read"] + job["files_cached"] == len(files)  # the empty one too
         assert job["stopped"] is None
-        assert proxy.counts()["GET"] - before == small + 1  # the 3 MiB file in one ranged GET
+        assert thread_proxy.kinds()["GET"] - before == small + 1  # the 3 MiB file in one ranged GET
         clients = _connections_on_both_workers(gw)
         try:
-            before = proxy.counts()["GET"]
+            before = thread_proxy.kinds()["GET"]
             _epoch_over(clients, files, seed=5)
-            assert proxy.counts()["GET"] == before  # either worker: 0 GETs
+            assert thread_proxy.kinds()["GET"] == before  # either worker: 0 GETs
             # Served from the shared tier: every file a READ's disk hit or mapped into memory
             # ahead of the READs by its worker's prefetcher (the warm-up filled the disk tier
             # only, so a memory hit must have been prefetched).
@@ -297,9 +246,9 @@ def test_two_workers_share_the_disk_tier_a_warm_up_fills_and_restarts_keep(
             time.sleep(0.1)
         clients = _connections_on_both_workers(gw)
         try:
-            before = proxy.counts()["GET"]
+            before = thread_proxy.kinds()["GET"]
             _epoch_over(clients, files, seed=6)
-            assert proxy.counts()["GET"] == before
+            assert thread_proxy.kinds()["GET"] == before
             _served_from_the_shared_tier(gw, small)
         finally:
             for c in clients:

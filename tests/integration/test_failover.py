@@ -13,8 +13,6 @@ import asyncio
 import ipaddress
 import os
 import random
-import uuid
-from collections.abc import Iterator
 from ctypes import c_int, c_void_p
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from gateway.namespace.resolve import HandleStats
 from loadgen.seaweed import SeaweedServer
 from nfsproto import nfs3
 from nfsproto.nfs3 import Nfs3Proc, NfsStat3
+from tests.harness.buckets import MakeBucket
 from tests.harness.thread import GatewayThread, LoopThread
 from tests.libnfs import LibNfs, libnfs_available
 from tests.rpcclient import BlockingRpcClient
@@ -116,17 +115,13 @@ def dataset() -> dict[str, bytes]:
 
 
 @pytest.fixture
-def bucket(seaweed: SeaweedServer) -> Iterator[tuple[str, dict[str, bytes]]]:
-    name = f"fo-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
+def bucket(seaweed: SeaweedServer, make_bucket: MakeBucket) -> tuple[str, dict[str, bytes]]:
+    name = make_bucket("fo")
     files = dataset()
-    s3 = seaweed.boto3_client()
+    s3 = seaweed.boto3_client()  # boto3's PUTs (no S3Store)
     for path, body in files.items():
         s3.put_object(Bucket=name, Key=PREFIX + path, Body=body)
-    try:
-        yield name, files
-    finally:
-        seaweed.delete_bucket(name)
+    return name, files
 
 
 def read_all(nfs: LibNfs, fh: int, size: int) -> bytes:

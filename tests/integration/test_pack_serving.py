@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -50,8 +50,9 @@ from gateway.pack.format import PackIndex, parse_index
 from gateway.pack.store import PackedStore
 from loadgen.seaweed import SeaweedServer
 from tests.datasets import put_objects
-from tests.faultproxy import FaultProxy, request_kind
-from tests.harness.thread import GatewayThread, LoopThread
+from tests.harness.buckets import Buckets
+from tests.harness.proxy import ThreadProxy
+from tests.harness.thread import GatewayThread
 from tests.libnfs import LibNfs, libnfs_available
 
 pytestmark = [
@@ -171,54 +172,6 @@ def pack(sw: SeaweedServer, src: str, dst: str, *args: str) -> PackIndex:
     return parse_index(gzip.decompress(get(sw, u.netloc, u.path.strip("/") + "/index.tsv.gz")))
 
 
-# ---------------------------------------------------------------------------------- proxy
-
-
-class _CountingProxy(FaultProxy):
-    """A ``FaultProxy`` (no rules) that counts GETs per key and LISTs per prefix."""
-
-    def __init__(self, upstream: str) -> None:
-        super().__init__(upstream)
-        self.gets: Counter[str] = Counter()
-        self.lists: Counter[str] = Counter()
-
-    async def _one(self, req: Any, writer: asyncio.StreamWriter) -> bool:
-        kind = request_kind(req.method, req.target)
-        path, _, query = str(req.target).partition("?")
-        if kind == "GET":
-            self.gets[unquote(path).lstrip("/").partition("/")[2]] += 1  # without the bucket
-        elif kind == "LIST":
-            self.lists[parse_qs(query).get("prefix", [""])[0]] += 1
-        return await super()._one(req, writer)
-
-
-class Proxy:
-    """A ``_CountingProxy`` on a loop thread of its own."""
-
-    def __init__(self, upstream: str) -> None:
-        self.loop = LoopThread("s3proxy").start()
-        self.p = _CountingProxy(upstream)
-        self.loop.run(self.p.start())
-
-    @property
-    def endpoint_url(self) -> str:
-        return self.p.endpoint_url
-
-    def gets(self) -> Counter[str]:
-        """GETs per key (in the bucket) so far."""
-        return self.loop.call(lambda: Counter(self.p.gets))
-
-    def lists(self) -> Counter[str]:
-        """LISTs per prefix so far."""
-        return self.loop.call(lambda: Counter(self.p.lists))
-
-    def close(self) -> None:
-        try:
-            self.loop.run(self.p.close())
-        finally:
-            self.loop.close()
-
-
 def since(after: Counter[str], before: Counter[str]) -> Counter[str]:
     return Counter({k: n - before[k] for k, n in after.items() if n - before[k]})
 
@@ -228,12 +181,8 @@ def since(after: Counter[str], before: Counter[str]) -> Counter[str]:
 
 @pytest.fixture(scope="module")
 def bucket(seaweed: SeaweedServer) -> Iterator[str]:
-    name = f"ps-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-    try:
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+    with Buckets(seaweed) as buckets:
+        yield buckets.make("ps")
 
 
 @pytest.fixture(scope="module")
@@ -249,18 +198,15 @@ def awkward(seaweed: SeaweedServer, bucket: str) -> tuple[dict[str, bytes], Pack
 
 
 @pytest.fixture
-def proxy(seaweed: SeaweedServer) -> Iterator[Proxy]:
-    p = Proxy(seaweed.endpoint_url)
-    try:
+def proxy(seaweed: SeaweedServer) -> Iterator[ThreadProxy]:
+    with ThreadProxy(seaweed.endpoint_url) as p:
         yield p
-    finally:
-        p.close()
 
 
 def gateway(
     tmp_path: Path,
     seaweed: SeaweedServer,
-    proxy: Proxy,
+    proxy: ThreadProxy,
     backend: str,
     pack_url: str,
     *,
@@ -418,7 +364,7 @@ def test_a_packed_awkward_tree_is_served_from_its_shards_with_index_listings(
     seaweed: SeaweedServer,
     bucket: str,
     awkward: tuple[dict[str, bytes], PackIndex],
-    proxy: Proxy,
+    proxy: ThreadProxy,
 ) -> None:
     files, index = awkward
     tree = served(files)
@@ -460,7 +406,7 @@ def test_an_empty_directory_marker_is_still_seen_with_index_listings(
     seaweed: SeaweedServer,
     bucket: str,
     awkward: tuple[dict[str, bytes], PackIndex],
-    proxy: Proxy,
+    proxy: ThreadProxy,
 ) -> None:
     """The bucket's ``train/empty-dir/`` marker is an empty directory of the tree without a
     pack (immutable or not) and with a pack not immutable; the tree must not change when an
@@ -473,7 +419,7 @@ def test_an_empty_directory_marker_is_still_seen_with_index_listings(
 
 
 def test_replaced_and_new_objects_are_served_from_the_bucket(
-    tmp_path: Path, seaweed: SeaweedServer, bucket: str, proxy: Proxy
+    tmp_path: Path, seaweed: SeaweedServer, bucket: str, proxy: ThreadProxy
 ) -> None:
     tag = uuid.uuid4().hex[:8]
     src, dst = f"mut-{tag}/", f"packs/mut-{tag}/"
@@ -521,7 +467,7 @@ def test_a_bad_index_leaves_the_export_serving_the_bucket(
     seaweed: SeaweedServer,
     bucket: str,
     small: tuple[str, dict[str, bytes], PackIndex],
-    proxy: Proxy,
+    proxy: ThreadProxy,
     damage: str,
 ) -> None:
     src, files, index = small
@@ -567,7 +513,7 @@ def test_a_damaged_member_is_served_from_its_object(
     seaweed: SeaweedServer,
     bucket: str,
     small: tuple[str, dict[str, bytes], PackIndex],
-    proxy: Proxy,
+    proxy: ThreadProxy,
 ) -> None:
     src, files, index = small
     dst = f"packs/dmg-{uuid.uuid4().hex[:8]}/"
@@ -596,7 +542,7 @@ def test_with_data_prefetch_a_scanned_tree_is_read_with_no_get(
     seaweed: SeaweedServer,
     bucket: str,
     awkward: tuple[dict[str, bytes], PackIndex],
-    proxy: Proxy,
+    proxy: ThreadProxy,
 ) -> None:
     files, index = awkward
     tree = served(files)

@@ -20,7 +20,6 @@ import os
 import random
 import stat as statmod
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,6 @@ import pytest
 from gateway.backend.base import ObjectStore
 from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
-from loadgen.proxy import DelayProxy
 from loadgen.seaweed import SeaweedServer
 from nfsproto import mount3, nfs3
 from nfsproto.nfs3 import (
@@ -46,8 +44,11 @@ from nfsproto.nfs3 import (
     Write3Args,
 )
 from nfsproto.rpc import AcceptStat
-from tests.datasets import Dataset, Expected, SpyStore, build_imagefolder, md5, upload
-from tests.harness.thread import GatewayThread, LoopThread, OffsetClock, delta
+from tests.datasets import Dataset, Expected, build_imagefolder, md5, upload
+from tests.harness.buckets import Buckets
+from tests.harness.proxy import ThreadProxy
+from tests.harness.stores import SpyStore
+from tests.harness.thread import GatewayThread, OffsetClock, delta
 from tests.libnfs import NF3DIR, NF3REG, SEEK_CUR, SEEK_END, SEEK_SET, LibNfs, libnfs_available
 from tests.rpcclient import BlockingRpcClient
 
@@ -75,52 +76,23 @@ def dataset() -> Dataset:
 
 @pytest.fixture(scope="module")
 def bucket(seaweed: SeaweedServer, dataset: Dataset) -> Iterator[str]:
-    name = f"rp-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-
-    async def fill() -> None:
+    async def fill(name: str) -> None:
         store = S3Store(name, **seaweed.store_kwargs())
         try:
-            await upload(dataset, store)
+            await upload(dataset, store)  # directory markers too
         finally:
             await store.close()
 
-    try:
-        asyncio.run(fill())
+    with Buckets(seaweed) as buckets:
+        name = buckets.make("rp")
+        asyncio.run(fill(name))
         yield name
-    finally:
-        seaweed.delete_bucket(name)
-
-
-class Proxy:
-    """A counting ``DelayProxy`` on its own loop thread (neither the gateway's nor the test's)."""
-
-    def __init__(self, upstream: str) -> None:
-        self.loop = LoopThread("s3proxy").start()
-        self.proxy = DelayProxy(upstream)
-        self.loop.run(self.proxy.start())
-
-    @property
-    def endpoint_url(self) -> str:
-        return self.proxy.endpoint_url
-
-    def counts(self) -> Counter[str]:
-        return self.loop.call(lambda: Counter(self.proxy.counts))
-
-    def close(self) -> None:
-        try:
-            self.loop.run(self.proxy.close())
-        finally:
-            self.loop.close()
 
 
 @pytest.fixture(scope="module")
-def proxy(seaweed: SeaweedServer) -> Iterator[Proxy]:
-    p = Proxy(seaweed.endpoint_url)
-    try:
+def proxy(seaweed: SeaweedServer) -> Iterator[ThreadProxy]:
+    with ThreadProxy(seaweed.endpoint_url) as p:
         yield p
-    finally:
-        p.close()
 
 
 def _export(bucket: str, ds: Dataset, attr_ttl_s: float) -> ExportConfig:
@@ -135,7 +107,7 @@ def gw(
     seaweed: SeaweedServer,
     bucket: str,
     dataset: Dataset,
-    proxy: Proxy,
+    proxy: ThreadProxy,
 ) -> Iterator[GatewayThread]:
     s3 = dict(seaweed.store_kwargs())
     s3["endpoint_url"] = proxy.endpoint_url
@@ -419,7 +391,7 @@ def test_16_concurrent_readers_fetch_every_block_once(gw: GatewayThread, dataset
 
 
 def test_1300_lookups_cost_two_lists_and_no_head(
-    gw: GatewayThread, nfs: LibNfs, dataset: Dataset, proxy: Proxy
+    gw: GatewayThread, nfs: LibNfs, dataset: Dataset, proxy: ThreadProxy
 ) -> None:
     """A 1,300-file class folder stat'ed in shuffled order: the first LOOKUP prefetches the
     whole directory (2 LIST pages), every other LOOKUP, hit or miss, is answered from memory.
@@ -428,22 +400,22 @@ def test_1300_lookups_cost_two_lists_and_no_head(
     assert len(names) == 1300
     random.Random(7).shuffle(names)
     assert statmod.S_ISDIR(nfs.stat("/" + BIG_CLASS).mode)  # lists the root if needed
-    before, pbefore, cbefore = gw.backend_counts(), proxy.counts(), gw.call_counts()
+    before, pbefore, cbefore = gw.backend_counts(), proxy.kinds(), gw.call_counts()
     for p in names:
         st = nfs.stat("/" + p)
         assert statmod.S_ISREG(st.mode) and st.size == len(dataset.files[p]), p
-    d, pd = delta(gw.backend_counts(), before), delta(proxy.counts(), pbefore)
+    d, pd = delta(gw.backend_counts(), before), delta(proxy.kinds(), pbefore)
     assert d == Counter({"list": 2}), d
     assert pd == Counter({"LIST": d["list"]}), (pd, d)
     calls = delta(gw.call_counts(), cbefore)
     assert calls["NFS3.LOOKUP"] == 2 * len(names), calls  # libnfs: LOOKUP dir, LOOKUP file
 
     # A miss in a completely listed directory: answered from memory too.
-    before, pbefore = gw.backend_counts(), proxy.counts()
+    before, pbefore = gw.backend_counts(), proxy.kinds()
     with pytest.raises(FileNotFoundError):
         nfs.stat(f"/{BIG_CLASS}/{BIG_CLASS}_99999.JPEG")
     assert delta(gw.backend_counts(), before) == Counter()
-    assert delta(proxy.counts(), pbefore) == Counter()
+    assert delta(proxy.kinds(), pbefore) == Counter()
 
 
 def test_readdirplus_5000_entries_libnfs(gw: GatewayThread, nfs: LibNfs, dataset: Dataset) -> None:

@@ -28,8 +28,6 @@ import signal
 import time
 import urllib.error
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,8 @@ import pytest
 
 from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
-from tests.integration.test_data_prefetch import Proxy
+from tests.harness.buckets import MakeBucket
+from tests.harness.proxy import ThreadProxy
 from tests.integration.test_write_path import WNfs
 from tests.libnfs import LibNfs, libnfs_available
 
@@ -56,16 +55,12 @@ def _body(i: int) -> bytes:
 
 
 @pytest.fixture
-def bucket(seaweed: SeaweedServer) -> Iterator[str]:
-    name = f"wk-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-    for i in range(FILES):
+def bucket(seaweed: SeaweedServer, make_bucket: MakeBucket) -> str:
+    name = make_bucket("wk")
+    for i in range(FILES):  # plain signed PUTs (no S3Store)
         status, _ = seaweed.request("PUT", f"/{name}/ds/c{i % 3}/f{i:03d}.jpg", _body(i))
         assert status == 200
-    try:
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+    return name
 
 
 def _gateway(
@@ -184,7 +179,7 @@ def _epoch(clients: list[LibNfs], order: list[int]) -> None:
 def test_the_workers_share_one_data_cache(
     seaweed: SeaweedServer, bucket: str, tmp_path: Path
 ) -> None:
-    proxy = Proxy(seaweed.endpoint_url)
+    proxy = ThreadProxy(seaweed.endpoint_url, seed=7)
 
     def gateway() -> GatewayProcess:
         return GatewayProcess(
@@ -200,10 +195,10 @@ def test_the_workers_share_one_data_cache(
             clients = _spread_connections(gw)
             try:
                 _epoch(clients, list(range(FILES)))
-                gets = proxy.gets()
+                gets = proxy.gets("ds/")
                 assert len(gets) == FILES and set(gets.values()) == {1}, gets
                 _epoch(clients[::-1], list(range(FILES))[::-1])  # other workers, other order
-                assert proxy.gets() == gets
+                assert proxy.gets("ds/") == gets
             finally:
                 for c in clients:
                     c.close()
@@ -219,7 +214,7 @@ def test_the_workers_share_one_data_cache(
                     assert c.read_file(f"/c{i % 3}/f{i:03d}.jpg") == _body(i)
             finally:
                 c.close()
-            assert proxy.gets() == gets
+            assert proxy.gets("ds/") == gets
     finally:
         proxy.close()
 

@@ -18,7 +18,6 @@ import ctypes
 import errno
 import hashlib
 import os
-import uuid
 from collections.abc import Iterator
 from ctypes import POINTER, byref, c_char_p, c_int, c_uint64, c_void_p
 from pathlib import Path
@@ -41,6 +40,7 @@ from nfsproto.nfs3 import (
     Sattr3,
     StableHow,
 )
+from tests.harness.buckets import MakeBucket
 from tests.harness.thread import GatewayThread, delta
 from tests.libnfs import NF3DIR, NF3LNK, NF3REG, LibNfs, libnfs_available, load_libnfs
 from tests.rpcclient import BlockingRpcClient
@@ -163,13 +163,8 @@ class WNfs(LibNfs):
 
 
 @pytest.fixture
-def bucket(seaweed: SeaweedServer) -> Iterator[str]:
-    name = f"wp-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-    try:
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+def bucket(make_bucket: MakeBucket) -> str:
+    return make_bucket("wp")
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Backend faults: the gateway (``nfsgw serve``, a child process configured with
 ``[s3] request_timeout_s = 1``, ``max_attempts = 4``, ``deadline_s = 4``) reads SeaweedFS
-through ``tests.faultproxy.FaultProxy``: 500s, SlowDown, resets before and in the middle of a
-body, truncated bodies, Content-Lengths that lie in both directions, stalls before and inside
-a body, latency.
+through ``tests.faultproxy.FaultProxy`` (on a ``ThreadProxy``): 500s, SlowDown, resets before
+and in the middle of a body, truncated bodies, Content-Lengths that lie in both directions,
+stalls before and inside a body, latency.
 
 What must hold, for every fault:
 
@@ -32,8 +32,8 @@ from loadgen.seaweed import SeaweedServer
 from nfsproto import nfs3
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3, StableHow
 from tests.e2e.tree import Tree, md5
-from tests.faultproxy import FAULTS, FaultProxy, Rule
-from tests.harness.thread import LoopThread
+from tests.faultproxy import FAULTS, Rule
+from tests.harness.proxy import ThreadProxy
 from tests.rpcclient import BlockingRpcClient
 
 pytestmark = [pytest.mark.s3]
@@ -48,30 +48,8 @@ PERSISTENT = {f: (IO if f == "short-cl" else JUKEBOX) for f in FAULTS if f != "l
 OUTCOMES: dict[str, Counter[str]] = {}
 
 
-class Proxy:
-    def __init__(self, upstream: str) -> None:
-        self.loop = LoopThread("faultproxy").start()
-        self.p = FaultProxy(upstream, seed=5)
-        self.loop.run(self.p.start())
-
-    def add(self, *rules: Rule) -> None:
-        self.loop.call(self.p.add, *rules)
-
-    def clear(self) -> None:
-        self.loop.call(self.p.clear)
-
-    def counts(self) -> Counter[tuple[str, str]]:
-        return self.loop.call(lambda: Counter(self.p.counts))
-
-    def close(self) -> None:
-        try:
-            self.loop.run(self.p.close())
-        finally:
-            self.loop.close()
-
-
 class Env:
-    def __init__(self, gw: GatewayProcess, proxy: Proxy, tree: Tree) -> None:
+    def __init__(self, gw: GatewayProcess, proxy: ThreadProxy, tree: Tree) -> None:
         self.gw = gw
         self.proxy = proxy
         self.tree = tree
@@ -114,7 +92,7 @@ class Env:
 def env(
     seaweed: SeaweedServer, tree: Tree, tree_bucket: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Env]:
-    proxy = Proxy(seaweed.endpoint_url)
+    proxy = ThreadProxy(seaweed.endpoint_url, seed=5, name="faultproxy")
     tmp: Path = tmp_path_factory.mktemp("faults")
     gw = GatewayProcess(
         tmp,
@@ -125,7 +103,7 @@ def env(
         s3=seaweed,
         sections={
             "s3": {
-                "endpoint_url": proxy.p.endpoint_url,
+                "endpoint_url": proxy.endpoint_url,
                 "request_timeout_s": 1.0,
                 "max_attempts": 4,
                 "deadline_s": 4.0,

@@ -39,7 +39,8 @@ from loadgen.seaweed import SeaweedServer
 from nfsproto import nfs3
 from nfsproto.nfs3 import Diropargs3, Nfs3Proc, NfsStat3
 from tests.faultproxy import FaultProxy, Rule
-from tests.harness.thread import GatewayThread, LoopThread
+from tests.harness.proxy import ThreadProxy
+from tests.harness.thread import GatewayThread
 from tests.rpcclient import BlockingRpcClient
 
 pytestmark = [pytest.mark.s3]
@@ -204,45 +205,20 @@ async def test_what_the_store_uploads_it_verifies(
         await store.close()
 
 
-class Proxy:
-    """A ``FaultProxy`` on a loop thread of its own (the gateway and the blocking client run
-    on others)."""
-
-    def __init__(self, upstream: str) -> None:
-        self.loop = LoopThread("faultproxy").start()
-        self.p = FaultProxy(upstream, seed=14)
-        self.loop.run(self.p.start())
-
-    def add(self, *rules: Rule) -> None:
-        self.loop.call(self.p.add, *rules)
-
-    def clear(self) -> None:
-        self.loop.call(self.p.clear)
-
-    def close(self) -> None:
-        try:
-            self.loop.run(self.p.close())
-        finally:
-            self.loop.close()
-
-
 @pytest.fixture
-def thread_proxy(seaweed: SeaweedServer) -> Iterator[Proxy]:
-    p = Proxy(seaweed.endpoint_url)
-    try:
+def thread_proxy(seaweed: SeaweedServer) -> Iterator[ThreadProxy]:
+    with ThreadProxy(seaweed.endpoint_url, seed=14, name="faultproxy") as p:
         yield p
-    finally:
-        p.close()
 
 
 def test_the_gateway_answers_io_and_never_serves_a_corrupted_body(
     seaweed: SeaweedServer,
     s3_bucket: str,
     objects: dict[str, bytes],
-    thread_proxy: Proxy,
+    thread_proxy: ThreadProxy,
     tmp_path: Path,
 ) -> None:
-    s3 = {**seaweed.store_kwargs(), "endpoint_url": thread_proxy.p.endpoint_url}
+    s3 = {**seaweed.store_kwargs(), "endpoint_url": thread_proxy.endpoint_url}
     exports = [ExportConfig("/data", f"s3://{s3_bucket}/", read_only=True)]
     name = "crc32.bin"  # stored with a CRC32, as nfsgw's own uploads are
     with (

@@ -28,25 +28,11 @@ from nfsproto.client import decode_result
 from nfsproto.nfs3 import CreateHow3, CreateMode3, Diropargs3, Nfs3Proc, NfsStat3, Sattr3
 from nfsproto.xdr import Writer
 from tests.harness.memory import ROOT, MemoryGateway
+from tests.harness.stores import GatedStore
 
 EXPORTS = [ExportConfig("/data", "s3://bkt/ds/", squash="none")]
 OK = NfsStat3.NFS3_OK
 TIMEOUT_S = 30.0  # a bound on waits for the gateway (never reached when it works)
-
-
-class GatedStore(MemoryStore):
-    """A memory store whose DELETE of a key ending in ``slow`` waits for ``gate``."""
-
-    def __init__(self) -> None:
-        super().__init__("mem")
-        self.gate = asyncio.Event()
-        self.entered = asyncio.Event()
-
-    async def delete(self, key: str) -> None:
-        if key.endswith("slow"):
-            self.entered.set()
-            await self.gate.wait()
-        await super().delete(key)
 
 
 class RawConn:
@@ -150,7 +136,8 @@ async def test_replayed_remove_and_rename_get_the_original_replies(tmp_path: Pat
 async def test_a_replay_while_the_original_runs_waits_and_the_file_goes_once(
     tmp_path: Path,
 ) -> None:
-    store = GatedStore()
+    store = GatedStore("mem")
+    slow = store.hold("delete", lambda key: key.endswith("slow"))
     store.seed("ds/slow", b"s")
     async with MemoryGateway.of(tmp_path, EXPORTS, store=store) as gw:
         root = await gw.mount(b"/data")
@@ -158,7 +145,7 @@ async def test_a_replay_while_the_original_runs_waits_and_the_file_goes_once(
         c1 = await RawConn.open(gw.port)
         await c1.send(rm)
         async with asyncio.timeout(TIMEOUT_S):
-            await store.entered.wait()  # the DELETE is under way...
+            await slow.entered.wait()  # the DELETE is under way...
         c1.abort()  # ...when the connection drops
         c2 = await RawConn.open(gw.port)
         await c2.send(rm)
@@ -168,7 +155,7 @@ async def test_a_replay_while_the_original_runs_waits_and_the_file_goes_once(
                 if drc.stats.waits:
                     break
                 await asyncio.sleep(0.005)
-        store.gate.set()
+        slow.open()
         reply = await c2.reply()
         assert result(Nfs3Proc.REMOVE, reply).status == OK
         assert ops(store, "delete", "ds/slow") == 1

@@ -14,7 +14,7 @@ import pytest
 from gateway import pmap_client
 from gateway.rpcclient import RpcClient
 from nfsproto import portmap, rpc
-from nfsproto.client import RpcError
+from nfsproto.client import CallSpec, RpcError
 from nfsproto.xdr import Reader, Writer
 from tests.harness.thread import LoopThread
 from tests.rpcclient import BlockingRpcClient
@@ -145,6 +145,7 @@ async def test_refusals_raw_calls_and_a_cancelled_call(server: FakeServer) -> No
             async with asyncio.timeout(0.05):
                 await c.call(PROG, VERS, SILENT, _void, None, _unpack_void)
         assert await c.call(PROG, VERS, ECHO, _u32, 8, _unpack_u32) == 8
+        assert await c.invoke(CallSpec(PROG, VERS, ECHO, _u32, _unpack_u32), 9) == 9
     finally:
         await c.close()
 
@@ -187,6 +188,7 @@ def test_the_blocking_client() -> None:
         server = lt.run(FakeServer().start())
         with BlockingRpcClient("127.0.0.1", server.port, timeout_s=5) as c:
             assert c.call(PROG, VERS, ECHO, _u32, 9, _unpack_u32) == 9
+            assert c.invoke(CallSpec(PROG, VERS, ECHO, _u32, _unpack_u32), 8) == 8
             h, _ = c.call_raw(PROG, VERS, 99)
             assert h.accept_stat == rpc.AcceptStat.PROC_UNAVAIL
             with pytest.raises(RpcError):

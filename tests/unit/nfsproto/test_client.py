@@ -1,6 +1,7 @@
 """The sans-I/O RPC client core (``nfsproto.client``): calls with fresh xids, record-marked;
 replies reassembled from any split of the stream, matched to their waiters by xid in any
-order; late and unknown replies dropped; results decoded, RPC-level refusals raised."""
+order; late and unknown replies dropped; results decoded, RPC-level refusals raised; the call
+table (``CallSpec``) names every procedure with the codecs of its program."""
 
 from __future__ import annotations
 
@@ -10,8 +11,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nfsproto import nfs3, portmap, rpc
-from nfsproto.client import RpcClientCore, RpcError, decode_reply, decode_result
+from nfsproto import mount3, nfs3, portmap, rpc
+from nfsproto.client import (
+    MOUNT_MNT,
+    NFS3,
+    NFS3_ACCESS,
+    NFS3_FSINFO,
+    NFS3_GETATTR,
+    NFS3_LOOKUP,
+    NFS3_READ,
+    NFS3_READDIRPLUS,
+    PMAP_GETPORT,
+    PMAP_SET,
+    PMAP_UNSET,
+    RpcClientCore,
+    RpcError,
+    decode_reply,
+    decode_result,
+    raw_spec,
+)
 from nfsproto.xdr import Buffer, Reader, Writer, XdrError
 
 CRED = rpc.auth_sys(1000, 100, [100], b"host")
@@ -145,3 +163,54 @@ def test_decode_reply_returns_any_status_and_decode_result_wants_every_byte() ->
         decode_result(rec[:-1], portmap.unpack_port)
     with pytest.raises(XdrError):
         decode_reply(struct.pack(">II", 4, rpc.MsgType.CALL))
+
+
+def _packed(pack: object, args: object) -> bytes:
+    w = Writer()
+    pack(w, args)  # type: ignore[operator]
+    return w.getvalue()
+
+
+def test_the_call_table_covers_every_nfs3_procedure_with_its_codecs() -> None:
+    for proc in nfs3.Nfs3Proc:
+        spec = NFS3[proc]
+        assert (spec.prog, spec.vers, spec.proc, spec.name) == (
+            nfs3.PROGRAM,
+            nfs3.VERSION,
+            proc,
+            proc.name,
+        )
+        assert spec.pack_args is nfs3.PROCS[proc].pack_args
+        assert spec.unpack_res is nfs3.PROCS[proc].unpack_res
+
+
+def test_the_typed_specs_pack_the_bytes_of_the_generic_ones() -> None:
+    fh = b"\x01" * 16
+    cases = [
+        (NFS3_GETATTR, nfs3.Getattr3Args(fh)),
+        (NFS3_LOOKUP, nfs3.Lookup3Args(nfs3.Diropargs3(fh, b"a.jpg"))),
+        (NFS3_ACCESS, nfs3.Access3Args(fh, 0x3F)),
+        (NFS3_READ, nfs3.Read3Args(fh, 4096, 1 << 20)),
+        (NFS3_READDIRPLUS, nfs3.Readdirplus3Args(fh, 7, b"\0" * 8, 4096, 65536)),
+        (NFS3_FSINFO, nfs3.Fsinfo3Args(fh)),
+    ]
+    for spec, args in cases:
+        generic = NFS3[nfs3.Nfs3Proc(spec.proc)]
+        assert spec[:3] == generic[:3] and spec.name == generic.name
+        assert _packed(spec.pack_args, args) == _packed(generic.pack_args, args)
+
+
+def test_mount_portmap_and_raw_specs() -> None:
+    assert MOUNT_MNT[:3] == (mount3.PROGRAM, mount3.VERSION, mount3.MountProc.MNT)
+    assert _packed(MOUNT_MNT.pack_args, mount3.Mnt3Args(b"/data")) == b"\0\0\0\x05/data\0\0\0"
+    m = portmap.Mapping(nfs3.PROGRAM, nfs3.VERSION, portmap.IPPROTO_TCP, 2049)
+    for spec, proc in (
+        (PMAP_SET, portmap.PmapProc.SET),
+        (PMAP_UNSET, portmap.PmapProc.UNSET),
+        (PMAP_GETPORT, portmap.PmapProc.GETPORT),
+    ):
+        assert spec[:3] == (portmap.PROGRAM, portmap.VERSION, proc) and spec.name == proc.name
+        assert _packed(spec.pack_args, m) == struct.pack(">4I", 100003, 3, 6, 2049)
+    raw = raw_spec(1, 2, 3)
+    assert raw[:3] == (1, 2, 3) and _packed(raw.pack_args, b"\0\0\0\x07") == b"\0\0\0\x07"
+    assert raw.unpack_res(Reader(b"")) is None

@@ -7,30 +7,20 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.backend.memory import MemoryStore
 from gateway.exports import ExportConfig
 from gateway.ops.configfile import load_config
 from nfsproto import mount3
 from nfsproto.nfs3 import NfsStat3
 from tests.harness.memory import MemoryGateway
+from tests.harness.stores import Gate, GatedStore
 
 OK = NfsStat3.NFS3_OK
-
-
-class GatedStore(MemoryStore):
-    """GETs wait for ``gate``."""
-
-    gate: asyncio.Event | None = None
-
-    async def get(self, key: str, start: int = 0, end: int | None = None, **kw: Any) -> Any:
-        if GatedStore.gate is not None:
-            await GatedStore.gate.wait()
-        return await super().get(key, start, end, **kw)
 
 
 async def _until(cond: Any) -> None:
@@ -49,17 +39,22 @@ async def _refused(port: int) -> bool:
 
 
 @pytest.fixture
-def gate() -> Any:
-    GatedStore.gate = asyncio.Event()
-    yield GatedStore.gate
-    GatedStore.gate.set()
-    GatedStore.gate = None
+def store() -> Iterator[GatedStore]:
+    s = GatedStore()
+    yield s
+    s.release()
 
 
-async def test_stop_drains_in_flight_calls(tmp_path: Path, gate: asyncio.Event) -> None:
+@pytest.fixture
+def gate(store: GatedStore) -> Gate:
+    """``store``'s GETs wait for it."""
+    return store.hold("get")
+
+
+async def test_stop_drains_in_flight_calls(tmp_path: Path, store: GatedStore, gate: Gate) -> None:
     exports = [ExportConfig("/data", "s3://b/d/")]
     files = {"d/f": b"payload"}
-    async with MemoryGateway.of(tmp_path, exports, store=GatedStore(), files=files) as gw:
+    async with MemoryGateway.of(tmp_path, exports, store=store, files=files) as gw:
         server = gw.server
         c = await gw.connect()
         root = await c.mount(b"/data")
@@ -71,17 +66,17 @@ async def test_stop_drains_in_flight_calls(tmp_path: Path, gate: asyncio.Event) 
         await _until(lambda: stop.done() or all(not s.is_serving() for s in server._servers))
         assert await _refused(server.port)  # no new connections while draining
         assert not read.done() and not stop.done()
-        gate.set()
+        gate.open()
         res = await read
         assert res.status == OK and bytes(res.data) == b"payload"
         await stop
         assert server.connections == set() and server.conn_stats.open == 0
 
 
-async def test_stop_gives_up_at_the_deadline(tmp_path: Path, gate: asyncio.Event) -> None:
+async def test_stop_gives_up_at_the_deadline(tmp_path: Path, store: GatedStore, gate: Gate) -> None:
     exports = [ExportConfig("/data", "s3://b/d/")]
     files = {"d/f": b"payload"}
-    async with MemoryGateway.of(tmp_path, exports, store=GatedStore(), files=files) as gw:
+    async with MemoryGateway.of(tmp_path, exports, store=store, files=files) as gw:
         server = gw.server
         c = await gw.connect()
         root = await c.mount(b"/data")
