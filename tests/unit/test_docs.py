@@ -51,17 +51,20 @@ def test_flag_table_says_which_key_each_flag_sets() -> None:
 
 
 def test_documents_point_only_inside_the_repository() -> None:
-    """No link or path leaves the repository (a newcomer has only the clone), and every
-    repository path a document names in backticks or a link exists."""
+    """The design and the style are documented inside the repository (a newcomer has only
+    the clone), and every link between documents stays inside it and resolves."""
     for doc in DOCS:
         if not doc.exists():
             continue
         text = doc.read_text(encoding="utf-8")
-        assert "../shared" not in text, f"{doc.name} points outside the repository"
+        for outside in ("DESIGN.md", "STYLE.md"):
+            assert outside not in text, f"{doc.name} points to {outside} outside the repository"
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
             if "://" in target:
                 continue
-            assert (doc.parent / target).exists(), f"{doc.name}: broken link {target}"
+            path = (doc.parent / target).resolve()
+            assert path.is_relative_to(REPO), f"{doc.name}: {target} leaves the repository"
+            assert path.exists(), f"{doc.name}: broken link {target}"
 
 
 def test_architecture_names_modules_that_exist() -> None:
