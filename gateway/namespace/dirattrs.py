@@ -13,10 +13,10 @@ view is complete. Must not: talk to the backend, read a clock or hold the index'
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gateway.lru import Lru
 from gateway.namespace.columns import KIND_DIR
 from gateway.namespace.directory import Directory
 from gateway.namespace.entries import DIR_SIZE, Entry, EntryKind
@@ -44,8 +44,7 @@ class DirMeta:
 
 class DirAttrs:
     def __init__(self, max_entries: int) -> None:
-        self.max_entries = max_entries
-        self._meta: OrderedDict[str, DirMeta] = OrderedDict()
+        self._meta: Lru[str, DirMeta] = Lru(max_entries)
 
     def __len__(self) -> int:
         return len(self._meta)
@@ -62,10 +61,7 @@ class DirAttrs:
             parse_ino(metadata),
             dict(metadata),
         )
-        self._meta[path] = m
-        self._meta.move_to_end(path)
-        while len(self._meta) > self.max_entries:
-            self._meta.popitem(last=False)
+        self._meta.put(path, m)
         return mtime_ns
 
     def get(self, path: str) -> DirMeta | None:

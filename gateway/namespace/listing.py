@@ -41,6 +41,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass
 from operator import attrgetter
 
 from gateway.backend.base import BackendError, ListPage, ObjectInfo, ObjectStore, Unchanged
@@ -66,28 +67,18 @@ _ETAG = attrgetter("etag")
 HELD_MAX_BYTES = 8 << 20
 
 
+@dataclass(slots=True, eq=False)
 class PageDigests:
     """What a complete listing leaves for the next one of the same directory, whose columns
     it made: each page's digest (all of one length, one after another) and next token, and
     what the listing as a whole found (``last_seen``, a marker, keys skipped)."""
 
-    __slots__ = ("digests", "last_seen", "marker_seen", "size", "skipped", "tokens")
-
-    def __init__(
-        self,
-        digests: bytes,
-        size: int,
-        tokens: tuple[str | None, ...],
-        last_seen: bytes,
-        marker_seen: bool,
-        skipped: int,
-    ) -> None:
-        self.digests = digests
-        self.size = size
-        self.tokens = tokens
-        self.last_seen = last_seen
-        self.marker_seen = marker_seen
-        self.skipped = skipped
+    digests: bytes
+    size: int
+    tokens: tuple[str | None, ...]
+    last_seen: bytes
+    marker_seen: bool
+    skipped: int
 
     def __len__(self) -> int:
         return len(self.tokens)

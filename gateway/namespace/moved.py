@@ -16,16 +16,16 @@ only for a path that is gone).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Final
+
+from gateway.lru import Lru
 
 MAX_HOPS: Final = 8
 
 
 class Moved:
     def __init__(self, max_entries: int) -> None:
-        self.max_entries = max_entries
-        self._to: OrderedDict[str, str] = OrderedDict()
+        self._to: Lru[str, str] = Lru(max_entries)
 
     def __len__(self) -> int:
         return len(self._to)
@@ -35,10 +35,7 @@ class Moved:
         self._to.pop(dst, None)  # dst is a file of its own now
         if src == dst:
             return
-        self._to[src] = dst
-        self._to.move_to_end(src)
-        while len(self._to) > self.max_entries:
-            self._to.popitem(last=False)
+        self._to.put(src, dst)
 
     def target(self, path: str) -> str | None:
         """Where ``path`` went (the end of its chain of renames; under a renamed directory,

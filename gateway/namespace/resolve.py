@@ -67,6 +67,7 @@ from typing import Final
 import structlog
 
 from gateway.errors import BadHandle, NotDirectory, NotFound, StaleHandle
+from gateway.lru import Lru
 from gateway.namespace.entries import EntryKind
 from gateway.namespace.handles import (
     DIR_HASH_SIZE,
@@ -139,7 +140,6 @@ class Handles:
         self.legacy = legacy
         self.stats = stats if stats is not None else HandleStats()
         self._dir_entries = dir_entries
-        self._hashed_entries = hashed_entries
         self._walk_max_dirs = walk_max_dirs
         self._walk_concurrency = walk_concurrency
         self._absent_ttl_s = absent_ttl_s
@@ -147,7 +147,7 @@ class Handles:
         # export id (2 B) + dir hash -> the directory paths with that hash (LRU)
         self._dirs: OrderedDict[bytes, tuple[str, ...]] = OrderedDict()
         # export id (2 B) + payload -> path, None: ambiguous (LRU)
-        self._hashed: OrderedDict[bytes, str | None] = OrderedDict()
+        self._hashed: Lru[bytes, str | None] = Lru(hashed_entries)
         # directory key -> monotonic time until which a walk's miss is trusted
         self._absent: OrderedDict[bytes, float] = OrderedDict()
         self._walks: dict[int, _Walk] = {}
@@ -446,10 +446,7 @@ class Handles:
             await asyncio.sleep(0)
 
     def _remember(self, key: bytes, path: str | None) -> None:
-        self._hashed[key] = path
-        self._hashed.move_to_end(key)
-        if len(self._hashed) > self._hashed_entries:
-            self._hashed.popitem(last=False)
+        self._hashed.put(key, path)
         self.stats.hashed_cached = len(self._hashed)
 
     async def close(self) -> None:

@@ -12,10 +12,10 @@ through (the write path translates them at its boundary).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 
 from gateway.backend.base import ObjectInfo, ObjectStore, PreconditionFailed
+from gateway.lru import Lru
 from gateway.writes.stats import WriteStats
 
 
@@ -32,17 +32,12 @@ def merge(base: Mapping[str, str], changes: Mapping[str, str | None]) -> dict[st
 
 class MetadataCache:
     def __init__(self, max_entries: int, stats: WriteStats) -> None:
-        self.max_entries = max_entries
         self.stats = stats
-        self._meta: OrderedDict[tuple[str, str], tuple[str, dict[str, str]]] = OrderedDict()
+        self._meta: Lru[tuple[str, str], tuple[str, dict[str, str]]] = Lru(max_entries)
 
     def remember(self, store: ObjectStore, info: ObjectInfo, metadata: Mapping[str, str]) -> None:
         """``info``'s version of its object has ``metadata``."""
-        k = (store.name, info.key)
-        self._meta[k] = (info.etag, dict(metadata))
-        self._meta.move_to_end(k)
-        while len(self._meta) > self.max_entries:
-            self._meta.popitem(last=False)
+        self._meta.put((store.name, info.key), (info.etag, dict(metadata)))
 
     def forget(self, store: ObjectStore, key: str) -> None:
         self._meta.pop((store.name, key), None)
