@@ -1,7 +1,7 @@
-"""What it costs the gateway to keep a local export's directory current once its TTL has
-passed (issue 25 item 3): a re-list (``scandir`` + a ``stat`` per file in the lister process,
-the comparison with the index) against asking inotify whether anything changed
-(``gateway.backend.dirwatch``).
+"""What it costs the gateway to keep a local export's directory current once its TTL has passed
+(a local export lists in a lister process; inotify can say nothing changed): a re-list
+(``scandir`` + a ``stat`` per file in the lister process, the comparison with the index) against
+asking inotify whether anything changed (``gateway.backend.dirwatch``).
 
     .venv/bin/python benchmarks/local_relist.py [--files 1281] [--repeat 30] [--dir DIR]
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from datetime import datetime
 from typing import Any, Final
 
 import structlog
@@ -28,6 +27,10 @@ DEFAULT_REGION: Final = "us-east-1"
 _ADVISORY_REFRESH_S: Final = 15 * 60
 _MANDATORY_REFRESH_S: Final = 5 * 60
 _REFRESH_RETRY_S: Final = 30.0
+# Expiries are looked for this far ahead (to the second); credentials valid for longer are
+# looked at again when this much time has passed.
+_HORIZON_S: Final = 1 << 16  # ~18 h
+_NEVER_S: Final = 1 << 62  # no expiry is that far: refresh_needed(it) is False only without one
 
 
 def resolve_region(explicit: str | None, profile: str | None) -> str:
@@ -62,6 +65,29 @@ def resolve_region(explicit: str | None, profile: str | None) -> str:
         reason="no AWS_REGION, AWS_DEFAULT_REGION or profile region",
     )
     return DEFAULT_REGION
+
+
+def _expiry_of(provider: Any, now: float) -> float | None:
+    """When ``provider``'s credentials expire (epoch seconds, to the second; at most
+    ``_HORIZON_S`` ahead, to be looked at again then), from botocore's public
+    ``refresh_needed(refresh_in)``: true when fewer than ``refresh_in`` seconds are left. None:
+    they never expire (static keys have no such method; refreshable ones may have no expiry).
+    Blocking (botocore): in a thread."""
+    needed = getattr(provider, "refresh_needed", None)
+    if needed is None or not needed(_NEVER_S):
+        return None
+    if not needed(_HORIZON_S):
+        return now + _HORIZON_S
+    if needed(0):  # expired already
+        return now
+    lo, hi = 0, _HORIZON_S  # at least lo and fewer than hi seconds are left
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if needed(mid):
+            hi = mid
+        else:
+            lo = mid
+    return now + lo
 
 
 class CredentialCache:
@@ -147,8 +173,7 @@ class CredentialCache:
                 )
             self._provider = provider
         fc = self._provider.get_frozen_credentials()
-        expiry_dt = getattr(self._provider, "_expiry_time", None)
-        expiry = expiry_dt.timestamp() if isinstance(expiry_dt, datetime) else None
+        expiry = _expiry_of(self._provider, time.time())
         return Credentials(fc.access_key, fc.secret_key, fc.token or None), expiry
 
     async def close(self) -> None:

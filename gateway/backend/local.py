@@ -576,7 +576,7 @@ def _child_list(
     loop and READ threads, which made a re-list of a 1,281-file folder cost 8 ms of CPU alone
     and ~65 ms during a cold epoch (a thread waiting for the lock after each ``stat``). The
     page travels back as plain tuples (cheap to unpickle); the rest of a listing stays in
-    this process's ``_Continuations`` for the next page."""
+    this process's ``Lister`` for the next page."""
     store = _CHILD_STORES.get(root)
     if store is None:
         store = _CHILD_STORES[root] = LocalStore(root)

@@ -3,8 +3,10 @@ aiohttp, signed with our own SigV4 (``sigv4.py``).
 
 Owns: ``S3Store``: addressing (path / virtual-hosted), the request core (signing, retries
 with full-jitter backoff under a per-call deadline), the one place that turns HTTP/S3
-errors into ``BackendError`` subclasses (``_status_error``), and bounds on connections and
-requests in flight. Credentials and the region come from ``credentials.py``; bodies and
+errors into ``BackendError`` subclasses (``_error``, and ``_embedded_error`` for an error
+inside a 200 reply), bounds on connections and requests in flight, LIST, HEAD and GET. The
+writes are ``s3write.S3Writes`` (a mixin over ``_call``), the checks of GET bodies
+``s3verify.BodyCheck``. Credentials and the region come from ``credentials.py``; bodies and
 header values are parsed by ``s3wire.py``. Must not: import nfsproto or know about NFS,
 call boto3/botocore (``credentials.py`` runs botocore, in a thread), parse XML itself, or
 block the event loop.
@@ -36,23 +38,17 @@ range the server ignored, or a range that covers the object) is checked against 
 cheapest full-object checksum its reply carries and the policy allows
 (``checksums.body_checksum``: a stored CRC64NVME/CRC32C/CRC32/SHA-1/SHA-256, also a COMPOSITE
 one of a multipart upload, whose parts' sizes one GetObjectAttributes request per object
-version tells, ``_object_parts``; optionally a single-part object's MD5 ETag). A mismatch is logged
-and retried like a short body; when the retries run out the GET fails with
+version tells, ``s3verify``; optionally a single-part object's MD5 ETag). A mismatch is
+logged and retried like a short body; when the retries run out the GET fails with
 ``ChecksumMismatch`` (NFS3ERR_IO). A body of part of an object has nothing to be checked
-against and is not. Single-request PUTs carry a CRC32
-(``x-amz-checksum-crc32``), so objects nfsgw writes are verifiable. Hashing runs on the loop
-below ``_HASH_OFF_LOOP_BYTES`` (a compiled CRC of a 110 kB body: ~3 µs, docs/benchmarks.md),
-in a thread above it (hashlib, zlib and ``gateway._checksums`` release the GIL); the Python
-CRC32C/CRC64NVME (without the compiled ones) always in a thread.
+against and is not. Single-request PUTs carry a CRC32 (``x-amz-checksum-crc32``), so objects
+nfsgw writes are verifiable. Where hashing runs: ``s3verify``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import collections
 import contextlib
-import hashlib
 import os
 import ssl
 import time
@@ -78,41 +74,39 @@ from gateway.backend.base import (
     StoreTraits,
     Unchanged,
 )
-from gateway.backend.checksums import PYTHON_CRCS, Checksum, body_checksum, digest, fast_crcs
 from gateway.backend.config import AddressingStyle, ChecksumPolicy, RetryPolicy
 from gateway.backend.credentials import CredentialCache, resolve_region
 from gateway.backend.http1 import Pool, Reply, Unframed
+from gateway.backend.s3verify import BodyCheck, ChecksumMismatch, Parts, _BadChecksum
 from gateway.backend.s3wire import (
     MalformedReply,
-    child_text,
-    complete_multipart_body,
-    embedded_error,
     http_date_ns,
     list_reply,
-    metadata_headers,
+    object_info,
     parse_content_range,
     parse_error,
     parse_object_parts,
     parse_unsatisfied_range,
+    request_bytes,
     unquote_etag,
     user_metadata,
-    xml_root,
 )
+from gateway.backend.s3write import S3Writes
 from gateway.backend.sigv4 import (
     EMPTY_SHA256,
-    UNSIGNED_PAYLOAD,
     Credentials,
     SigV4Signer,
     canonical_query,
     encode_path,
 )
 
+__all__ = ["ChecksumMismatch", "S3Store"]
+
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 PayloadSigning = Literal["auto", "always", "never"]
 
-_HASH_OFF_LOOP_BYTES: Final = 1 << 20
 _MAX_ERROR_BODY: Final = 1 << 20
 # A LIST page sent chunked (Amazon S3 does): 1,000 keys of up to 1,024 bytes, URL-encoded,
 # with their ETags, dates and owners stay well under it.
@@ -127,11 +121,8 @@ _EXPIRED_CODES: Final = frozenset({"ExpiredToken", "ExpiredTokenException", "Tok
 _LEAN_ENV: Final = "NFSGW_S3_LEAN_HTTP"
 _OFF: Final = frozenset({"0", "false", "no", "off"})
 
-_PARTS_CACHED: Final = 4096  # object versions whose part sizes are kept (``_object_parts``)
-_Parts = tuple[str, list[tuple[int, int]], int | None]
 
 _S200: Final = frozenset({200})
-_S200_204: Final = frozenset({200, 204})
 _SGET: Final = frozenset({200, 206, 416})
 
 
@@ -143,16 +134,7 @@ class _Retry(Exception):
         self.expired_creds = expired_creds
 
 
-class _BadChecksum(_Retry):
-    """A whole-object body that does not hash to its checksum: retried, then
-    ``ChecksumMismatch``."""
-
-
-class ChecksumMismatch(BackendError):
-    """Every attempt's body failed its checksum: the bytes are not served (NFS3ERR_IO)."""
-
-
-class S3Store(StoreBase):
+class S3Store(S3Writes, StoreBase):
     """``ObjectStore`` over one S3 bucket. Keys are full keys (the export prefix included).
 
     ``endpoint_url`` selects an S3-compatible server (SeaweedFS, MinIO, Ceph RGW);
@@ -243,10 +225,7 @@ class S3Store(StoreBase):
             total=self.retry.request_timeout_s, sock_connect=self.retry.connect_timeout_s
         )
         self._part_sizes: dict[str, dict[int, int]] = {}
-        # (key, ETag) -> the part sizes of a multipart object (None: not to be had), LRU
-        self._parts_of: collections.OrderedDict[tuple[str, str], tuple[int, ...] | None] = (
-            collections.OrderedDict()
-        )
+        self._body_check = BodyCheck(bucket, self.checksums, self._attributes)
         if lean_http is None:
             lean_http = os.environ.get(_LEAN_ENV, "1").strip().lower() not in _OFF
         self._lean_http = lean_http
@@ -358,7 +337,7 @@ class S3Store(StoreBase):
         wire differs. ``unframed_body``: the lean wire takes a 2xx body without a length
         (chunked) up to that size (LIST), instead of refusing it (``Unframed``).
         ``bounded=False``: not under the in-flight semaphore (a request made while handling
-        another's reply, which holds a place: ``_object_parts``)."""
+        another's reply, which holds a place: ``_attributes`` for ``BodyCheck``)."""
         session = await self._setup()
         signer = self._signer
         assert signer is not None
@@ -389,7 +368,7 @@ class S3Store(StoreBase):
                     pool = self._pool
                     if lean is not None and pool is not None:
                         reply = await pool.request(
-                            _request_bytes(method, path, query, h),
+                            request_bytes(method, path, query, h),
                             head=method == "HEAD",
                             timeout_s=max(min(remaining, policy.request_timeout_s), 0.001),
                             connect_timeout_s=policy.connect_timeout_s,
@@ -494,6 +473,11 @@ class S3Store(StoreBase):
             return BackendError(f"{what} (the bucket is in region {region})")
         return BackendError(what)
 
+    def _embedded_error(self, what: str, code: str, message: str) -> BackendError | _Retry:
+        """An ``<Error>`` in a 200 reply: retried if its code says so, else final."""
+        msg = f"{what}: {code}: {message}"
+        return _Retry(msg) if code in _RETRY_CODES else BackendError(msg)
+
     def _lean_off(self, why: BaseException) -> None:
         """The store sent a 2xx body the lean wire does not take (no Content-Length): GET
         and HEAD go over aiohttp from now on (the retry too)."""
@@ -502,103 +486,25 @@ class S3Store(StoreBase):
             pool.close()
             log.warning("s3_lean_http_disabled", bucket=self.bucket, reason=str(why))
 
-    async def _verify(
-        self, key: str, data: bytes, c: Checksum, part_sizes: tuple[int, ...] | None = None
-    ) -> None:
-        """Raise ``_BadChecksum`` unless ``data`` hashes to ``c`` (logged: a body of the right
-        length with wrong bytes is a store or network fault worth seeing)."""
-        slow = c.algorithm in PYTHON_CRCS and not fast_crcs()  # Python, ~60 ns a byte
-        if slow or len(data) > _HASH_OFF_LOOP_BYTES:
-            got = await asyncio.to_thread(c.compute, data, part_sizes)
-        else:
-            got = c.compute(data, part_sizes)
-        if got != c.expected:
-            log.warning(
-                "s3_checksum_mismatch",
-                bucket=self.bucket,
-                key=key,
-                algorithm=c.algorithm,
-                size=len(data),
-                expected=c.expected.hex(),
-                got=got.hex(),
-            )
-            raise _BadChecksum(
-                f"{c.algorithm} of {len(data)} bytes is {got.hex()}, not {c.expected.hex()}"
-            )
+    async def _attributes(self, key: str, headers: dict[str, str]) -> Parts:
+        """A page of GetObjectAttributes (``BodyCheck``: a multipart object's part sizes)."""
 
-    async def _object_parts(
-        self, key: str, etag: str, parts: int, size: int
-    ) -> tuple[int, ...] | None:
-        """The sizes of the ``parts`` parts of ``key`` at version ``etag`` (adding up to
-        ``size``), from GetObjectAttributes ``ObjectParts`` (1,000 parts a request); None when
-        the store does not tell them (remembered for the version: not asked again) or the
-        object changed meanwhile. Cached per (key, ETag), ``_PARTS_CACHED`` versions: one
-        request per object version read whole."""
-        cache = self._parts_of
-        ck = (key, etag)
-        if ck in cache:
-            cache.move_to_end(ck)
-            return cache[ck]
-        got: list[tuple[int, int]] = []
-        marker: int | None = 0
-        try:
-            while marker is not None and len(got) < parts:
-                headers = {
-                    "x-amz-object-attributes": "ETag,ObjectParts",
-                    "x-amz-max-parts": str(min(parts, 1000)),
-                }
-                if marker:
-                    headers["x-amz-part-number-marker"] = str(marker)
+        async def handle(resp: aiohttp.ClientResponse) -> Parts:
+            return parse_object_parts(await resp.read())
 
-                async def handle(resp: aiohttp.ClientResponse) -> _Parts:
-                    return parse_object_parts(await resp.read())
+        async def lean(reply: Reply) -> Parts:
+            return parse_object_parts(reply.body)
 
-                async def lean(reply: Reply) -> _Parts:
-                    return parse_object_parts(reply.body)
-
-                their_etag, page, marker = await self._call(
-                    "attributes",
-                    "GET",
-                    key,
-                    query="attributes=",
-                    headers=headers,
-                    handle=handle,
-                    lean=lean,
-                    bounded=False,
-                )
-                if not their_etag:  # which version's parts: cannot tell
-                    got = []
-                    break
-                if their_etag != etag:
-                    return None  # another version now: not this body's parts
-                got += page
-        except (ObjectNotFound, BackendUnavailable):
-            return None  # gone, or not answering now: unverified this time, asked again next
-        except BackendError as e:  # not implemented, refused: this store does not tell
-            log.info("s3_object_parts_unknown", bucket=self.bucket, key=key, error=str(e))
-            got = []
-        sizes: tuple[int, ...] | None = tuple(n for _, n in got)
-        if [p for p, _ in got] != list(range(1, parts + 1)) or sum(sizes or ()) != size:
-            sizes = None
-        cache[ck] = sizes
-        if len(cache) > _PARTS_CACHED:
-            cache.popitem(last=False)
-        return sizes
-
-    @staticmethod
-    async def _off_loop_if_big(fn: Callable[[str, bytes], bytes], name: str, data: bytes) -> bytes:
-        """``fn(name, data)``, in a thread for bodies over ``_HASH_OFF_LOOP_BYTES`` (hashlib
-        and zlib release the GIL; below it the thread hand-off costs more than it saves)."""
-        if len(data) > _HASH_OFF_LOOP_BYTES:
-            return await asyncio.to_thread(fn, name, data)
-        return fn(name, data)
-
-    async def _payload_hash(self, data: bytes) -> str:
-        if not self._sign_payload:
-            return UNSIGNED_PAYLOAD
-        if len(data) > _HASH_OFF_LOOP_BYTES:
-            return await asyncio.to_thread(_sha256_hex, data)
-        return _sha256_hex(data)
+        return await self._call(
+            "attributes",
+            "GET",
+            key,
+            query="attributes=",
+            headers=headers,
+            handle=handle,
+            lean=lean,
+            bounded=False,
+        )
 
     # ------------------------------------------------------------------- operations
 
@@ -660,10 +566,10 @@ class S3Store(StoreBase):
 
     async def head(self, key: str) -> ObjectInfo:
         async def handle(resp: aiohttp.ClientResponse) -> ObjectInfo:
-            return _object_info(key, resp.headers)
+            return object_info(key, resp.headers)
 
         async def lean(reply: Reply) -> ObjectInfo:
-            return _object_info(key, reply.headers)
+            return object_info(key, reply.headers)
 
         return await self._call("head", "HEAD", key, handle=handle, lean=lean)
 
@@ -734,23 +640,8 @@ class S3Store(StoreBase):
         else:
             size = len(data)
             whole = True
-        policy = self.checksums
-        if whole and (policy.stored or policy.md5 or policy.python_crcs):
-            c = body_checksum(
-                h,
-                etag,
-                stored=policy.stored,
-                md5=policy.md5,
-                python_crcs=policy.python_crcs,
-                multipart=True,
-            )
-            sizes = None
-            if c is not None and c.parts > 1:
-                sizes = await self._object_parts(key, etag, c.parts, len(data))
-                if sizes is None:
-                    c = None  # the store does not say where the parts are: not verifiable
-            if c is not None:
-                await self._verify(key, data, c, sizes)
+        if whole and self._body_check.wanted:
+            await self._body_check.check(key, h, etag, data)
         if status != 206 and (start > 0 or end is not None):
             data = data[start:end]  # the server ignored Range: cut the slice ourselves
         return GetResult(
@@ -761,179 +652,8 @@ class S3Store(StoreBase):
             user_metadata(h),
         )
 
-    async def put(
-        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
-    ) -> ObjectInfo:
-        headers = metadata_headers(metadata)
-        size = len(data)
-        if self.checksums.stored:
-            # The store checks it on the way in (400 BadDigest) and keeps it: a later
-            # whole-object read of this object is verified for 17 µs per 110 kB.
-            crc = await self._off_loop_if_big(digest, "crc32", data)
-            headers["x-amz-checksum-crc32"] = base64.b64encode(crc).decode()
-
-        async def handle(resp: aiohttp.ClientResponse) -> ObjectInfo:
-            await resp.read()
-            h = resp.headers
-            return ObjectInfo(
-                key,
-                size,
-                unquote_etag(h.get("ETag", "")),
-                http_date_ns(h.get("Last-Modified") or h.get("Date", "")),
-                dict(metadata or {}),
-            )
-
-        return await self._call(
-            "put",
-            "PUT",
-            key,
-            headers=headers,
-            body=data,
-            payload_hash=await self._payload_hash(data),
-            handle=handle,
-        )
-
-    async def create_multipart(self, key: str, metadata: Mapping[str, str] | None = None) -> str:
-        async def handle(resp: aiohttp.ClientResponse) -> str:
-            root = xml_root(await resp.read())
-            upload_id = child_text(root, "UploadId")
-            if not upload_id:
-                raise BackendError(f"create_multipart {self.bucket}/{key}: no UploadId")
-            return upload_id
-
-        upload_id = await self._call(
-            "create_multipart",
-            "POST",
-            key,
-            query="uploads=",
-            headers=metadata_headers(metadata),
-            handle=handle,
-        )
-        self._part_sizes[upload_id] = {}
-        return upload_id
-
-    async def upload_part(self, key: str, upload_id: str, part_no: int, data: bytes) -> str:
-        query = canonical_query((("partNumber", str(part_no)), ("uploadId", upload_id)))
-
-        async def handle(resp: aiohttp.ClientResponse) -> str:
-            await resp.read()
-            etag = unquote_etag(resp.headers.get("ETag", ""))
-            if not etag:
-                raise BackendError(f"upload_part {self.bucket}/{key}: no ETag")
-            return etag
-
-        etag = await self._call(
-            "upload_part",
-            "PUT",
-            key,
-            query=query,
-            body=data,
-            payload_hash=await self._payload_hash(data),
-            handle=handle,
-        )
-        sizes = self._part_sizes.get(upload_id)
-        if sizes is not None:
-            sizes[part_no] = len(data)
-        return etag
-
-    async def complete_multipart(
-        self, key: str, upload_id: str, parts: list[tuple[int, str]]
-    ) -> ObjectInfo:
-        body = complete_multipart_body(parts)
-
-        async def handle(resp: aiohttp.ClientResponse) -> tuple[str, int]:
-            # S3 may answer 200 and still fail: the error is then in the body.
-            root = xml_root(await resp.read())
-            if (error := embedded_error(root)) is not None:
-                raise _embedded_error(f"complete_multipart {self.bucket}/{key}", *error)
-            etag = unquote_etag(child_text(root, "ETag"))
-            return etag, http_date_ns(resp.headers.get("Date", ""))
-
-        etag, mtime_ns = await self._call(
-            "complete_multipart",
-            "POST",
-            key,
-            query=canonical_query((("uploadId", upload_id),)),
-            body=body,
-            payload_hash=_sha256_hex(body),
-            handle=handle,
-        )
-        sizes = self._part_sizes.pop(upload_id, None)
-        if sizes is not None and all(n in sizes for n, _ in parts):
-            return ObjectInfo(key, sum(sizes[n] for n, _ in parts), etag, mtime_ns)
-        return await self.head(key)  # parts were uploaded by another process
-
-    async def abort_multipart(self, key: str, upload_id: str) -> None:
-        self._part_sizes.pop(upload_id, None)
-
-        async def handle(resp: aiohttp.ClientResponse) -> None:
-            await resp.read()
-
-        with contextlib.suppress(ObjectNotFound):  # NoSuchUpload: already gone
-            await self._call(
-                "abort_multipart",
-                "DELETE",
-                key,
-                query=canonical_query((("uploadId", upload_id),)),
-                expect=_S200_204,
-                handle=handle,
-            )
-
-    async def copy(
-        self, src: str, dst: str, metadata: Mapping[str, str] | None = None
-    ) -> ObjectInfo:
-        """Server-side copy (objects up to 5 GiB), then a HEAD of ``dst`` for its size and
-        metadata: two requests."""
-        headers = metadata_headers(metadata)
-        headers["x-amz-copy-source"] = f"/{encode_path(self.bucket)}/{encode_path(src)}"
-        headers["x-amz-metadata-directive"] = "COPY" if metadata is None else "REPLACE"
-
-        async def handle(resp: aiohttp.ClientResponse) -> None:
-            if (error := embedded_error(xml_root(await resp.read()))) is not None:
-                raise _embedded_error(f"copy {self.bucket}/{src} -> {dst}", *error)
-
-        await self._call("copy", "PUT", dst, headers=headers, handle=handle)
-        return await self.head(dst)
-
-    async def delete(self, key: str) -> None:
-        """Delete; deleting a missing key succeeds (S3 semantics)."""
-
-        async def handle(resp: aiohttp.ClientResponse) -> None:
-            await resp.read()
-
-        with contextlib.suppress(ObjectNotFound):
-            await self._call("delete", "DELETE", key, expect=_S200_204, handle=handle)
-
 
 # ----------------------------------------------------------------------- helpers
-
-
-def _embedded_error(what: str, code: str, message: str) -> BackendError | _Retry:
-    """An ``<Error>`` in a 200 reply: retried if its code says so, else final."""
-    msg = f"{what}: {code}: {message}"
-    return _Retry(msg) if code in _RETRY_CODES else BackendError(msg)
-
-
-def _object_info(key: str, h: Mapping[str, str]) -> ObjectInfo:
-    """A HEAD reply's headers (looked up by lowercase name) to an ``ObjectInfo``."""
-    return ObjectInfo(
-        key,
-        int(h.get("content-length", "0")),
-        unquote_etag(h.get("etag", "")),
-        http_date_ns(h.get("last-modified", "")),
-        user_metadata(h),
-    )
-
-
-def _request_bytes(method: str, path: str, query: str, headers: Mapping[str, str]) -> bytes:
-    """A request without a body, ready for one ``transport.write``. Header values with CR
-    or LF are refused (they would split the request)."""
-    lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
-    n = len(headers)
-    if lines.count("\n") != n or lines.count("\r") != n:
-        raise ValueError("CR or LF in a request header value")
-    target = f"{path}?{query}" if query else path
-    return f"{method} {target} HTTP/1.1\r\n{lines}\r\n".encode()
 
 
 def _tls_context() -> ssl.SSLContext:
@@ -950,7 +670,3 @@ def _outcome(e: BackendError) -> str:
     if isinstance(e, PreconditionFailed):
         return "precondition"
     return "error"
-
-
-def _sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -1,6 +1,7 @@
 """S3's wire formats, sans-I/O: the XML bodies (ListObjectsV2 results, multipart requests and
-replies, error documents) and the header values the store reads or writes (ETags, HTTP and
-ISO dates, Content-Range, ``x-amz-meta-*``).
+replies, error documents), the header values the store reads or writes (ETags, HTTP and
+ISO dates, Content-Range, ``x-amz-meta-*``) and the bytes of a request without a body (the
+lean wire's).
 
 Owns: bytes/strings in, ``ListPage``/``ObjectInfo`` fields out, and ``MalformedReply`` for a
 reply that is not what S3 sends (the store retries those). Must not: do I/O, read clocks,
@@ -356,6 +357,17 @@ def parse_content_range(value: str) -> tuple[int, int, int]:
         raise MalformedReply(f"bad Content-Range {value!r}") from None
 
 
+def object_info(key: str, h: Mapping[str, str]) -> ObjectInfo:
+    """A HEAD reply's headers (looked up by lowercase name) to an ``ObjectInfo``."""
+    return ObjectInfo(
+        key,
+        int(h.get("content-length", "0")),
+        unquote_etag(h.get("etag", "")),
+        http_date_ns(h.get("last-modified", "")),
+        user_metadata(h),
+    )
+
+
 def parse_unsatisfied_range(value: str) -> int:
     """The size in a 416's ``bytes */<size>``; 0 if absent."""
     _, _, total = value.partition("/")
@@ -363,3 +375,17 @@ def parse_unsatisfied_range(value: str) -> int:
         return int(total)
     except ValueError:
         return 0
+
+
+# ------------------------------------------------------------------------ requests
+
+
+def request_bytes(method: str, path: str, query: str, headers: Mapping[str, str]) -> bytes:
+    """A request without a body, ready for one ``transport.write``. Header values with CR
+    or LF are refused (they would split the request)."""
+    lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
+    n = len(headers)
+    if lines.count("\n") != n or lines.count("\r") != n:
+        raise ValueError("CR or LF in a request header value")
+    target = f"{path}?{query}" if query else path
+    return f"{method} {target} HTTP/1.1\r\n{lines}\r\n".encode()

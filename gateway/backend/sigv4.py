@@ -25,6 +25,11 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 ALGORITHM = "AWS4-HMAC-SHA256"
 
 
+def payload_sha256(body: bytes) -> str:
+    """A body's signed payload hash (``x-amz-content-sha256``)."""
+    return hashlib.sha256(body).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class Credentials:
     """One set of frozen credentials. ``token`` is set for temporary (session) credentials."""

@@ -600,14 +600,18 @@ async def test_credential_refresh_runs_off_loop(monkeypatch: pytest.MonkeyPatch)
     loop_thread = threading.get_ident()
     calls: list[int] = []
 
-    class FakeProvider:
+    class FakeProvider:  # botocore's public RefreshableCredentials methods the cache uses
         def __init__(self) -> None:
-            self._expiry_time = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=1)
+            self.expiry = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=1)
+
+        def refresh_needed(self, refresh_in: int) -> bool:
+            left = self.expiry - datetime.datetime.now(datetime.UTC)
+            return left.total_seconds() < refresh_in
 
         def get_frozen_credentials(self) -> Any:
             calls.append(threading.get_ident())
             time.sleep(0.05)  # blocking, like an STS/IMDS call
-            self._expiry_time = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+            self.expiry = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
 
             @dataclass
             class Frozen:
@@ -631,9 +635,7 @@ async def test_expired_token_refreshes_credentials() -> None:
     """ExpiredToken: forget the cached credentials, fetch new ones, retry."""
     fetched: list[str] = []
 
-    class Provider:
-        _expiry_time = None
-
+    class Provider:  # static keys: no expiry
         def get_frozen_credentials(self) -> Any:
             fetched.append("x")
 

@@ -136,3 +136,87 @@ def test_store_with_unknown_profile_fails_as_backend_error(aws_env: Path) -> Non
     store = S3Store("bkt", access_key="a", secret_key="b", profile="nope")
     with pytest.raises(BackendError, match="nope"):
         asyncio.run(_setup_host(store))
+
+
+def _refreshable(expires_in_s: float, tokens: list[str]) -> Any:
+    """botocore's own refreshable credentials (its public constructor), expiring in
+    ``expires_in_s``; each refresh appends a token and gives an hour."""
+    import datetime
+
+    from botocore.credentials import RefreshableCredentials
+
+    def metadata(seconds: float) -> dict[str, str]:
+        tokens.append(f"T{len(tokens)}")
+        at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds)
+        return {
+            "access_key": "AK",
+            "secret_key": "SK",
+            "token": tokens[-1],
+            "expiry_time": at.isoformat(),
+        }
+
+    return RefreshableCredentials.create_from_metadata(
+        metadata(expires_in_s), lambda: metadata(3600), "test"
+    )
+
+
+def test_expiry_comes_from_the_public_api() -> None:
+    """``_expiry_of`` finds the expiry to the second with ``refresh_needed`` alone: none for
+    static keys, a look again after the horizon for far ones, ``now`` once expired."""
+    import time
+
+    from botocore.credentials import Credentials as BotoCredentials
+
+    now = time.time()
+    assert credentials._expiry_of(BotoCredentials("AK", "SK"), now) is None
+    for seconds in (59.5, 600, 3600, 12 * 3600):
+        got = credentials._expiry_of(_refreshable(seconds, []), now)
+        assert got is not None and now + seconds - 2 <= got <= now + seconds
+    far = credentials._expiry_of(_refreshable(48 * 3600, []), now)
+    assert far == now + credentials._HORIZON_S
+    assert credentials._expiry_of(_refreshable(-5, []), now) == now
+
+
+class Provider:
+    """Refreshable credentials as the cache sees them (botocore's public methods); a load
+    counts and gives a new token, valid ``valid_s`` from then."""
+
+    def __init__(self, valid_s: float) -> None:
+        self.valid_s = valid_s
+        self.loads = 0
+        self.expiry = 0.0
+
+    def refresh_needed(self, refresh_in: float) -> bool:
+        import time
+
+        return self.expiry - time.time() < refresh_in
+
+    def get_frozen_credentials(self) -> Any:
+        import time
+        from types import SimpleNamespace
+
+        self.loads += 1
+        self.expiry = time.time() + self.valid_s
+        return SimpleNamespace(access_key="AK", secret_key="SK", token=f"T{self.loads}")
+
+
+async def test_cache_refreshes_by_the_expiry_it_derives() -> None:
+    """Far from expiry: cached; inside the advisory window: served while a background refresh
+    runs; inside the mandatory one: callers wait for the refresh."""
+    for valid_s, served, loads in ((3600, "T1", 1), (600, "T1", 2), (60, "T2", 2)):
+        cache = credentials.CredentialCache()
+        cache._provider = provider = Provider(valid_s)
+        first = await cache.get()
+        assert first is not None and first.token == "T1"
+        got = await cache.get()
+        assert got is not None and got.token == served
+        await asyncio.sleep(0.2)  # a background refresh, if started, finishes
+        assert provider.loads == loads, valid_s
+        await cache.close()
+    # botocore's own: an hour left, nothing to do.
+    tokens: list[str] = []
+    cache = credentials.CredentialCache()
+    cache._provider = _refreshable(3600, tokens)
+    assert (await cache.get()) is (await cache.get())
+    assert tokens == ["T0"]
+    await cache.close()

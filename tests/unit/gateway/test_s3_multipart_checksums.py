@@ -1,9 +1,10 @@
-"""COMPOSITE checksums of multipart objects on SeaweedFS (issue 25, item 2): an object uploaded
-in two parts with CRC32 or CRC32C checksums keeps ``<base64>-2`` (``x-amz-checksum-type:
-COMPOSITE``) and answers GetObjectAttributes ``ObjectParts`` with the parts' sizes (no per-part
-checksums, which the verification does not need); a whole-object GET is verified against it,
-and a body with one bit flipped (``tests.faultproxy`` ``flip-bit``) is never served. The
-uploads go through boto3 (nfsgw's own multipart uploads send no checksums)."""
+"""COMPOSITE checksums of multipart objects on SeaweedFS (large objects are uploaded in parts,
+and their bytes must be verified like any other's): an object uploaded in two parts with CRC32
+or CRC32C checksums keeps ``<base64>-2`` (``x-amz-checksum-type: COMPOSITE``) and answers
+GetObjectAttributes ``ObjectParts`` with the parts' sizes (no per-part checksums, which the
+verification does not need); a whole-object GET is verified against it, and a body with one bit
+flipped (``tests.faultproxy`` ``flip-bit``) is never served. The uploads go through boto3
+(nfsgw's own multipart uploads send no checksums)."""
 
 from __future__ import annotations
 
