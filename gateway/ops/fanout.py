@@ -1,7 +1,8 @@
 """The supervisor's admin API: one ``/metrics`` and one ``/v1`` for all worker processes.
 
-Owns: the same routes as ``gateway.ops.admin`` (and the same bearer token), answered by asking
-every worker over its private Unix socket and combining the answers:
+Owns: ``FleetAdmin``, the ``AdminBackend`` behind the same routes as a single process
+(``gateway.ops.adminhttp.AdminHttp``: same bearer token), answered by asking every worker over
+its private Unix socket and combining the answers:
 
 - ``/metrics``: the workers' expositions summed series by series (counters, histogram buckets,
   and gauges that are per-process amounts such as cache bytes); the gauges every worker reports
@@ -32,24 +33,22 @@ Must not: hold state a worker needs, or block the loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 import aiohttp
 import structlog
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from gateway.ops.admin import check_token
-from gateway.ops.config import ServerConfig, split_listen
+from gateway.ops.adminhttp import AdminHttp, Reply
+from gateway.ops.config import ServerConfig
 from gateway.ops.metrics import MERGE_MAX, SUPERVISOR_METRICS
 from gateway.ops.warmup import MAX_WARMUP_KEPT
 
@@ -137,7 +136,6 @@ _RATIOS: Final = {
 
 _DISK_SHARED: Final = ("enabled", "used_bytes", "budget_bytes", "entries", "fs_free_bytes")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SampleKey = tuple[str, str, tuple[tuple[str, str], ...]]  # family, sample name, labels
 
 
@@ -156,53 +154,27 @@ class _Job:
     worker_ids: dict[int, int]  # worker index -> that worker's job id
 
 
-class FanoutApi:
+class FleetAdmin:
+    """The admin routes' answers from every worker, combined (``AdminBackend``)."""
+
     def __init__(self, sup: Fleet) -> None:
         self.sup = sup
         self.start_time = time.time()
-        self._runner: web.AppRunner | None = None
         self._sessions: dict[int, aiohttp.ClientSession] = {}
         self._carry: dict[int, _Carry] = {}
         self._types: dict[str, tuple[str, str]] = {}  # family -> (help, type), as last seen
         self._jobs: dict[int, _Job] = {}
         self._next_job = 0
         self._warmup_lock = asyncio.Lock()
-        self.app = web.Application(middlewares=[self._auth], client_max_size=64 << 10)
-        r = self.app.router
-        r.add_get("/metrics", self.metrics_page)
-        r.add_get("/healthz", self.healthz)
-        r.add_get("/readyz", self.readyz)
-        r.add_get("/v1/stats", self.stats)
-        r.add_post("/v1/invalidate", self.invalidate)
-        r.add_post("/v1/warmup", self.warmup)
-        r.add_get("/v1/warmup", self.warmup_list)
-        r.add_get("/v1/warmup/{id}", self.warmup_get)
-        r.add_delete("/v1/warmup/{id}", self.warmup_cancel)
-        r.add_post("/v1/reload", self.reload)
 
-    async def start(self, listen: str) -> int:
-        host, port = split_listen(listen)
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        self._runner = runner
-        server = getattr(site, "_server", None)
-        socks = getattr(server, "sockets", None) or []
-        return int(socks[0].getsockname()[1]) if socks else port
+    @property
+    def token(self) -> str | None:
+        return self.sup.config.admin.token
 
-    async def stop(self) -> None:
+    async def close(self) -> None:
         for s in self._sessions.values():
             await s.close()
         self._sessions.clear()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        refused = check_token(request, self.sup.config.admin.token)
-        return refused if refused is not None else await handler(request)
 
     # -- talking to workers -----------------------------------------------------------------
 
@@ -241,14 +213,11 @@ class FanoutApi:
 
     # -- probes and metrics -------------------------------------------------------------------
 
-    async def healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def readyz(self, request: web.Request) -> web.Response:
+    async def ready(self) -> Reply:
         sup = self.sup
         if not sup.started or sup.stopping:
             reason = "stopping" if sup.stopping else "starting"
-            return web.json_response({"ready": False, "reason": reason}, status=503)
+            return Reply(503, {"ready": False, "reason": reason})
         workers: list[dict[str, Any]] = []
         backends: dict[str, Any] = {}
         packs: dict[str, Any] = {}
@@ -275,7 +244,7 @@ class FanoutApi:
             body["packs"] = packs
         if not ok:
             body["reason"] = "; ".join(reasons) or "not ready"
-        return web.json_response(body, status=200 if ok else 503)
+        return Reply(200 if ok else 503, body)
 
     def _worker_state(self, w: WorkerView) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -292,7 +261,7 @@ class FanoutApi:
             d["reason"] = "restarting"
         return d
 
-    async def metrics_page(self, request: web.Request) -> web.Response:
+    async def exposition(self) -> bytes:
         texts: list[tuple[WorkerView, str]] = []
         for w, ans in await self._ask_all("GET", "/metrics"):
             if ans is not None and ans[0] == 200 and isinstance(ans[1], str):
@@ -300,8 +269,7 @@ class FanoutApi:
         merged, per_worker_calls = self.merge(texts)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Families([*merged, *self._own(per_worker_calls)]))
-        body = generate_latest(registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return generate_latest(registry)
 
     def merge(self, texts: list[tuple[WorkerView, str]]) -> tuple[list[Metric], dict[int, float]]:
         """Sum the workers' families (see the module docstring); also each worker's calls.
@@ -381,7 +349,7 @@ class FanoutApi:
 
     # -- /v1 ------------------------------------------------------------------------------------
 
-    async def stats(self, request: web.Request) -> web.Response:
+    async def stats(self) -> dict[str, Any]:
         answers = await self._ask_all("GET", "/v1/stats")
         snaps = [a[1] for _, a in answers if a is not None and a[0] == 200]
         merged: dict[str, Any] = merge_snapshots(snaps) if snaps else {}
@@ -394,38 +362,23 @@ class FanoutApi:
             if a is not None and a[0] == 200:
                 state["calls_total"] = a[1].get("rpc", {}).get("calls_total")
             merged["workers"].append(state)
-        return web.json_response(merged)
+        return merged
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
-        if not request.can_read_body:
-            return dict(request.query)
-        try:
-            body = await request.json()
-        except ValueError:
-            raise web.HTTPBadRequest(text='{"error": "body is not JSON"}') from None
-        if not isinstance(body, dict):
-            raise web.HTTPBadRequest(text='{"error": "body must be a JSON object"}')
-        return body
-
-    def _combined(self, answers: list[tuple[WorkerView, tuple[int, Any] | None]]) -> web.Response:
+    def _combined(self, answers: list[tuple[WorkerView, tuple[int, Any] | None]]) -> Reply:
         """Worker 0's answer for the whole service, 502 if a worker that is up failed."""
         missing = [w.role.index for w, a in answers if a is None and w.ready]
         first = next((a for _, a in answers if a is not None), None)
         if first is None:
-            return web.json_response({"error": "no worker answered"}, status=502)
+            return Reply(502, {"error": "no worker answered"})
         status, body = first
         if missing and status < 400:
-            return web.json_response(
-                {"error": f"workers {missing} did not answer", "answer": body}, status=502
-            )
-        return web.json_response(body, status=status)
+            return Reply(502, {"error": f"workers {missing} did not answer", "answer": body})
+        return Reply(status, body)
 
-    async def invalidate(self, request: web.Request) -> web.Response:
-        return self._combined(
-            await self._ask_all("POST", "/v1/invalidate", await self._body(request))
-        )
+    async def invalidate(self, body: dict[str, Any]) -> Reply:
+        return self._combined(await self._ask_all("POST", "/v1/invalidate", body))
 
-    async def reload(self, request: web.Request) -> web.Response:
+    async def reload(self) -> Reply:
         ok = await self.sup.reload()
         answers = await self._ask_all("POST", "/v1/reload", {})
         errors = list(self.sup.last_reload_error)
@@ -433,10 +386,9 @@ class FanoutApi:
             if a is not None and a[0] != 200 and isinstance(a[1], dict):
                 errors += [e for e in a[1].get("errors", []) if e not in errors]
         ok = ok and all(a is not None and a[0] == 200 for _, a in answers)
-        return web.json_response({"ok": ok, "errors": errors}, status=200 if ok else 422)
+        return Reply(200 if ok else 422, {"ok": ok, "errors": errors})
 
-    async def warmup(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
+    async def warmup(self, body: dict[str, Any]) -> Reply:
         async with self._warmup_lock:
             ws = list(self.sup.workers)
             bodies = [body if w.role.owner else {**body, "data": False} for w in ws]
@@ -457,35 +409,32 @@ class FanoutApi:
             while len(self._jobs) > MAX_WARMUP_KEPT:  # as each worker keeps its own
                 del self._jobs[next(iter(self._jobs))]
             status, first = next(a for w, a in pairs if w.role.owner and a is not None)
-            return web.json_response(self._job_view(job, first), status=status)
+            return Reply(status, self._job_view(job, first))
 
     def _job_view(self, job: _Job, owner_view: dict[str, Any]) -> dict[str, Any]:
         return {**owner_view, "id": job.id, "workers": len(job.worker_ids)}
 
-    def _find_job(self, request: web.Request) -> _Job:
-        with contextlib.suppress(ValueError):
-            job = self._jobs.get(int(request.match_info["id"]))
-            if job is not None:
-                return job
-        raise web.HTTPNotFound(text='{"error": "no such warm-up"}', content_type="application/json")
-
-    async def warmup_list(self, request: web.Request) -> web.Response:
+    async def warmup_list(self) -> list[dict[str, Any]]:
         out = []
         for job in list(self._jobs.values()):
             a = await self._ask(self.sup.workers[0], "GET", f"/v1/warmup/{job.worker_ids[0]}")
             if a is not None and a[0] == 200:
                 out.append(self._job_view(job, a[1]))
-        return web.json_response(out)
+        return out
 
-    async def warmup_get(self, request: web.Request) -> web.Response:
-        job = self._find_job(request)
+    async def warmup_get(self, job_id: int) -> Reply | None:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
         a = await self._ask(self.sup.workers[0], "GET", f"/v1/warmup/{job.worker_ids[0]}")
         if a is None or a[0] != 200:
-            return web.json_response({"error": "worker 0 lost the job (restarted?)"}, status=410)
-        return web.json_response(self._job_view(job, a[1]))
+            return Reply(410, {"error": "worker 0 lost the job (restarted?)"})
+        return Reply(200, self._job_view(job, a[1]))
 
-    async def warmup_cancel(self, request: web.Request) -> web.Response:
-        job = self._find_job(request)
+    async def warmup_cancel(self, job_id: int) -> Reply | None:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
         answers = await asyncio.gather(
             *(
                 self._ask(w, "DELETE", f"/v1/warmup/{job.worker_ids[w.role.index]}")
@@ -495,8 +444,16 @@ class FanoutApi:
         )
         owner = answers[0] if answers else None
         if owner is None or owner[0] != 200:
-            return web.json_response({"error": "worker 0 lost the job (restarted?)"}, status=410)
-        return web.json_response(self._job_view(job, owner[1]))
+            return Reply(410, {"error": "worker 0 lost the job (restarted?)"})
+        return Reply(200, self._job_view(job, owner[1]))
+
+
+class FanoutApi(AdminHttp):
+    """The admin HTTP surface over the workers (``AdminHttp(FleetAdmin(sup))``); the
+    constructor form the supervisor uses."""
+
+    def __init__(self, sup: Fleet) -> None:
+        super().__init__(FleetAdmin(sup))
 
 
 class _Families(Collector):

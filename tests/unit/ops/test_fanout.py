@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.ops.fanout import FanoutApi, merge_snapshots
+from gateway.ops.fanout import FleetAdmin, merge_snapshots
 
 
 @dataclass
@@ -72,7 +72,7 @@ nfsgw_rpc_duration_seconds_sum{{proc="NFS3.READ",status="ok"}} 0.5
 """
 
 
-def _values(api: FanoutApi, texts: list[tuple[_Worker, str]]) -> dict[str, float]:
+def _values(api: FleetAdmin, texts: list[tuple[_Worker, str]]) -> dict[str, float]:
     fams, calls = api.merge(texts)  # type: ignore[arg-type]
     out = {}
     for f in fams:
@@ -86,7 +86,7 @@ def _values(api: FanoutApi, texts: list[tuple[_Worker, str]]) -> dict[str, float
 
 def test_series_are_summed_and_shared_gauges_taken_once() -> None:
     w0, w1 = _Worker(_Role(0, True), 100), _Worker(_Role(1), 101)
-    api = FanoutApi(_Fleet([w0, w1]))  # type: ignore[arg-type]
+    api = FleetAdmin(_Fleet([w0, w1]))  # type: ignore[arg-type]
     v = _values(api, [(w0, _text(10, 4)), (w1, _text(5, 1))])
     assert v["nfsgw_rpc_requests_total{proc=NFS3.READ,status=ok}"] == 15
     assert v["nfsgw_data_cache_hits_total"] == 5
@@ -99,7 +99,7 @@ def test_series_are_summed_and_shared_gauges_taken_once() -> None:
 
 def test_counters_never_go_down_across_a_restart_or_a_missing_answer() -> None:
     w0, w1 = _Worker(_Role(0, True), 100), _Worker(_Role(1), 101)
-    api = FanoutApi(_Fleet([w0, w1]))  # type: ignore[arg-type]
+    api = FleetAdmin(_Fleet([w0, w1]))  # type: ignore[arg-type]
     first = _values(api, [(w0, _text(10, 4)), (w1, _text(5, 1, buckets=(3, 5)))])
     # worker 1 restarting: it does not answer; what it last said still counts
     w1.ready = False
@@ -124,7 +124,7 @@ def test_merged_metrics_parse_as_prometheus_text() -> None:
     from gateway.ops.fanout import _Families
 
     w0, w1 = _Worker(_Role(0, True), 100), _Worker(_Role(1), 101)
-    api = FanoutApi(_Fleet([w0, w1]))  # type: ignore[arg-type]
+    api = FleetAdmin(_Fleet([w0, w1]))  # type: ignore[arg-type]
     fams, calls = api.merge([(w0, _text(10, 4)), (w1, _text(5, 1))])
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_Families([*fams, *api._own(calls)]))
