@@ -6,11 +6,12 @@ its private Unix socket and combining the answers:
 
 - ``/metrics``: the workers' expositions summed series by series (counters, histogram buckets,
   and gauges that are per-process amounts such as cache bytes); the gauges every worker reports
-  alike (``metrics.MERGE_MAX``, e.g. the export count or the shared disk tier's size) are
-  taken once, and the start time is the supervisor's. A worker that restarts starts its
+  alike (``Merge.MAX`` rows of ``gateway.ops.metricdefs``, e.g. the export count or the shared
+  disk tier's size) are taken once, and the start time is the supervisor's
+  (``Merge.SUPERVISOR``). A worker that restarts starts its
   counters from 0: the supervisor adds the last values it scraped from the previous process,
   so the service's counters never go down (Prometheus would read a drop as a reset). Plus the
-  supervisor's own series (``metrics.SUPERVISOR_METRICS``): workers configured, up, restarts,
+  supervisor's own series (``metricdefs.SUPERVISOR_METRICS``): workers configured, up, restarts,
   calls per worker. Why not prometheus-client's multiprocess mode: the gateway's metrics are
   collectors reading plain counters at scrape time (``gateway.ops.metrics``: no lock and no
   shared-memory write on the hot path), which that mode cannot aggregate; scraping each worker
@@ -35,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -49,7 +50,7 @@ from prometheus_client.registry import Collector
 
 from gateway.ops.adminhttp import AdminHttp, Reply
 from gateway.ops.config import ServerConfig
-from gateway.ops.metrics import MERGE_MAX, SUPERVISOR_METRICS
+from gateway.ops.metricdefs import METRICS, SUPERVISOR_METRICS, Field, Merge, merge_of
 from gateway.ops.warmup import MAX_WARMUP_KEPT
 
 
@@ -134,9 +135,23 @@ _RATIOS: Final = {
     "backend_requests_per_file_opened": (("backend", "requests_total"), ("files_opened",)),
 }
 
-_DISK_SHARED: Final = ("enabled", "used_bytes", "budget_bytes", "entries", "fs_free_bytes")
+# /v1/stats "disk_cache" keys of the one tier every worker shares: the MAX rows of the table.
+_DISK_SHARED: Final = tuple(
+    m.source.name
+    for m in METRICS
+    if m.merge is Merge.MAX and isinstance(m.source, Field) and m.source.layer == "disk"
+)
 
 SampleKey = tuple[str, str, tuple[tuple[str, str], ...]]  # family, sample name, labels
+
+# A per-worker row of SUPERVISOR_METRICS -> the worker's value (None: no sample), from its slot
+# and the calls (nfsgw_rpc_requests_total) it reported.
+_PER_WORKER: Final[dict[str, Callable[[WorkerView, dict[int, float]], float | None]]] = {
+    "nfsgw_worker_up": lambda w, _: 1.0 if w.ready else 0.0,
+    "nfsgw_worker_restarts_total": lambda w, _: float(w.restarts),
+    "nfsgw_worker_crash_loop": lambda w, _: 1.0 if w.crash_looping else 0.0,
+    "nfsgw_worker_rpc_requests_total": lambda w, calls: calls.get(w.role.index),
+}
 
 
 @dataclass(slots=True)
@@ -291,7 +306,7 @@ class FleetAdmin:
             samples: dict[SampleKey, float] = {}
             if text is not None:
                 for f in text_string_to_metric_families(text):
-                    if f.name == "nfsgw_start_time_seconds":
+                    if merge_of(f.name) is Merge.SUPERVISOR:
                         continue
                     if f.name not in fams:
                         fams[f.name] = Metric(f.name, f.documentation, f.type)
@@ -312,7 +327,7 @@ class FleetAdmin:
                     calls[w.role.index] = calls.get(w.role.index, 0.0) + v
                 if key not in values:
                     values[key] = v
-                elif fname in MERGE_MAX or fname + "_total" in MERGE_MAX:
+                elif merge_of(fname) is Merge.MAX:
                     values[key] = max(values[key], v)
                 else:
                     values[key] += v
@@ -332,19 +347,15 @@ class FleetAdmin:
         for d in SUPERVISOR_METRICS:
             kind = CounterMetricFamily if d.kind.value == "counter" else GaugeMetricFamily
             fam = kind(d.name, d.help, labels=d.labels)
-            for w in sup.workers:
-                i = str(w.role.index)
-                if d.name == "nfsgw_workers":
+            if not d.labels:  # nfsgw_workers: the fleet's size
+                if sup.workers:
                     fam.add_metric([], float(sup.count))
-                    break
-                if d.name == "nfsgw_worker_up":
-                    fam.add_metric([i], 1.0 if w.ready else 0.0)
-                elif d.name == "nfsgw_worker_restarts_total":
-                    fam.add_metric([i], float(w.restarts))
-                elif d.name == "nfsgw_worker_crash_loop":
-                    fam.add_metric([i], 1.0 if w.crash_looping else 0.0)
-                elif d.name == "nfsgw_worker_rpc_requests_total" and w.role.index in calls:
-                    fam.add_metric([i], calls[w.role.index])
+            else:
+                read = _PER_WORKER[d.name]
+                for w in sup.workers:
+                    v = read(w, calls)
+                    if v is not None:
+                        fam.add_metric([str(w.role.index)], v)
             yield fam
 
     # -- /v1 ------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The supervisor's admin API (``gateway.ops.fanout``): how the workers' answers combine.
 
-- ``/metrics``: series summed across workers; ``MERGE_MAX`` gauges taken once; a worker that
+- ``/metrics``: series summed across workers; ``Merge.MAX`` gauges taken once; a worker that
   restarts (new pid, counters from 0) or does not answer keeps the service's counters from going
   down; the per-worker series.
 - ``/v1/stats``: numbers summed, ratios recomputed from the sums, exports merged by path with
