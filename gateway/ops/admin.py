@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -41,6 +40,7 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import generate_latest
 
+from gateway import version
 from gateway.clock import Clock
 from gateway.ops.adminhttp import AdminHttp, Reply
 from gateway.ops.config import ServerConfig
@@ -275,7 +275,7 @@ def stats_snapshot(served: Served, gw: Gateway, m: Metrics, warmups: Warmups) ->
             }
         )
     return {
-        "version": _version(),
+        "version": version(),
         "uptime_s": round(time.time() - m.start_time, 3),
         "port": served.port,
         "ready": served.started and not served.stopping,
@@ -339,13 +339,3 @@ def _fields(stats: Any) -> Iterable[tuple[str, int]]:
         v = getattr(stats, name, None)
         if isinstance(v, int) and not isinstance(v, bool):
             yield name, v
-
-
-@functools.cache
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("nfsgw")
-    except PackageNotFoundError:
-        return "unknown"

@@ -29,7 +29,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from gateway.ops import cmd_admin, cmd_pack, cmd_serve
+from gateway import version
+from gateway.ops import cmd_admin, cmd_pack, cmd_serve, logs
 from gateway.ops.cliflags import config_from_args, overrides_from_args
 from gateway.ops.cmd_admin import job_line as _job_line
 
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         "training: directory metadata prefetch and read coalescing make each small file cost "
         "at most one backend request in a cold epoch and none in a warm one.",
     )
+    p.add_argument("--version", action="version", version=f"nfsgw {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     cmd_serve.add_parsers(sub)
     cmd_admin.add_parsers(sub)
@@ -64,7 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(args)
     if a.command == "serve":
-        return cmd_serve.serve_main(a, args)
+        return cmd_serve.serve_main(a, args)  # logging from [log]; pack's too
+    if argv is None and a.command != "pack":
+        # The program itself (not a caller's main([...]), whose logging stays its own): the
+        # admin clients' and check-config's lines rendered like serve's.
+        logs.configure()
     run = _COMMANDS.get(a.command)
     return 2 if run is None else run(a)
 

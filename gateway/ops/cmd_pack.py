@@ -14,6 +14,7 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING, Any
 
+from gateway.ops import logs
 from gateway.ops.cliflags import add_setting_flag, dest, print_issues
 from gateway.ops.config import flags
 from gateway.ops.configfile import Overrides, check_config, find_config_path
@@ -97,6 +98,8 @@ def pack_main(a: argparse.Namespace) -> int:
         print("nfsgw pack: not packing: fix the configuration first", file=sys.stderr)
         return 2
     s3 = r.config.s3
+    # Its lines (backend retries, credentials) as serve's: [log], console on a terminal.
+    logs.configure_from(r.config.log.level, r.config.log.format)
 
     # The one place pack turns URLs and [s3] into stores. It repeats ops/server.py's S3Config
     # keyword list (``_open_store``) and reads URL schemes itself; when gateway.backend has

@@ -140,8 +140,7 @@ def serve_main(a: argparse.Namespace, argv: Sequence[str]) -> int:
         print_issues(e.issues)
         print("nfsgw: not starting (nfsgw check-config shows the same)", file=sys.stderr)
         return 2
-    fmt = config.log.format
-    logs.configure(config.log.level, None if fmt == "auto" else fmt == "json")
+    logs.configure_from(config.log.level, config.log.format)
     if warnings:
         import structlog
 
