@@ -56,7 +56,7 @@ def test_every_metric_named_is_in_the_table() -> None:
     named = {n for p in d.panels() for t in p["targets"] for n in d.metric_names(t["expr"])}
     named |= d.metric_names(d.ALERTS.read_text())
     missing = sorted(n for n in named if d.table_family(n) is None)
-    assert not missing, f"not in gateway/ops/metrics.py: {missing}"
+    assert not missing, f"not in gateway/ops/metricdefs.py: {missing}"
     assert len(named) >= 30  # the names are found at all
 
 
