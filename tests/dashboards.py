@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gateway.ops.metrics import METRICS, SUPERVISOR_METRICS, Kind, MetricDef
+from gateway.ops.metricdefs import METRICS, SUPERVISOR_METRICS, Kind, MetricDef
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_JSON = ROOT / "contrib" / "grafana" / "nfsgw.json"

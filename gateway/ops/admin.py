@@ -42,8 +42,7 @@ from prometheus_client import generate_latest
 
 from gateway import version
 from gateway.clock import Clock
-from gateway.ops.adminhttp import AdminHttp, Reply
-from gateway.ops.config import ServerConfig
+from gateway.ops.adminhttp import AdminHttp, Process, Reply
 from gateway.ops.metrics import Metrics
 from gateway.ops.probe import BackendProbe
 from gateway.ops.warmup import WarmupRefused, Warmups
@@ -55,32 +54,13 @@ log = structlog.get_logger(__name__)
 READY_CACHE_S = 5.0
 
 
-class Served(Protocol):
+class Served(Process, Protocol):
     """What the admin API needs from the process it serves (``gateway.ops.server.Server``)."""
-
-    @property
-    def config(self) -> ServerConfig:
-        """The running configuration (``admin.token`` is read per request: a reload applies)."""
-        ...
-
-    @property
-    def port(self) -> int: ...
-
-    @property
-    def started(self) -> bool: ...
-
-    @property
-    def stopping(self) -> bool: ...
-
-    @property
-    def last_reload_error(self) -> list[str]: ...
 
     @property
     def probes(self) -> Mapping[str, BackendProbe]:
         """Export path -> its backend's probe."""
         ...
-
-    async def reload(self) -> bool: ...
 
 
 class LocalAdmin:

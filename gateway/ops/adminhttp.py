@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.ops.config import split_listen
+from gateway.ops.config import ServerConfig, split_listen
 
 _OPEN = frozenset({"/healthz", "/readyz"})
 MAX_BODY_BYTES = 64 << 10
@@ -39,6 +39,30 @@ class Reply(NamedTuple):
 
     status: int
     body: Any
+
+
+class Process(Protocol):
+    """What a backend reads of the process it answers for: a server (``gateway.ops.server``)
+    or the workers' supervisor (``gateway.ops.workers``)."""
+
+    @property
+    def config(self) -> ServerConfig:
+        """The running configuration (``admin.token`` is read per request: a reload applies)."""
+        ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def started(self) -> bool: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def last_reload_error(self) -> list[str]: ...
+
+    async def reload(self) -> bool: ...
 
 
 class AdminBackend(Protocol):

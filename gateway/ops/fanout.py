@@ -48,8 +48,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from gateway.ops.adminhttp import AdminHttp, Reply
-from gateway.ops.config import ServerConfig
+from gateway.ops.adminhttp import AdminHttp, Process, Reply
 from gateway.ops.metricdefs import METRICS, SUPERVISOR_METRICS, Field, Merge, merge_of
 from gateway.ops.warmup import MAX_WARMUP_KEPT
 
@@ -100,31 +99,14 @@ class WorkerView(Protocol):
     def last_exit(self) -> int | None: ...
 
 
-class Fleet(Protocol):
+class Fleet(Process, Protocol):
     """What the admin API needs from the supervisor (``gateway.ops.workers.Supervisor``)."""
-
-    @property
-    def config(self) -> ServerConfig: ...
 
     @property
     def count(self) -> int: ...
 
     @property
-    def port(self) -> int: ...
-
-    @property
-    def started(self) -> bool: ...
-
-    @property
-    def stopping(self) -> bool: ...
-
-    @property
-    def last_reload_error(self) -> list[str]: ...
-
-    @property
     def workers(self) -> Sequence[WorkerView]: ...
-
-    async def reload(self) -> bool: ...
 
 
 log = structlog.get_logger(__name__)

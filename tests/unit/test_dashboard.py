@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 
-from gateway.ops.metrics import SUPERVISOR_METRICS, Metrics
+from gateway.ops.metricdefs import SUPERVISOR_METRICS
+from gateway.ops.metrics import Metrics
 from tests import dashboards as d
 
 DOCS = d.ROOT / "docs" / "operations.md"
