@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.ops.fanout import FleetAdmin, merge_snapshots
+from gateway.ops.fanout import FanoutApi, FleetAdmin, merge_snapshots
 
 
 @dataclass
@@ -157,3 +159,32 @@ def test_stats_snapshots_merge() -> None:
     assert m["exports"] == [{"path": "/d", "attr_ttl_s": 60, "metadata": {"lookups": 12}}]
     assert m["reloads"] == {"ok": 1, "error": 0}
     assert m["warmups"] == [{"id": 1, "path": "/d"}]
+
+
+async def test_fleet_routes_without_workers() -> None:
+    """The supervisor's HTTP surface (``FanoutApi`` = ``AdminHttp(FleetAdmin(...))``) while
+    no worker answers: /healthz 200, /readyz 503 naming each, /v1/invalidate 502, an unknown
+    warm-up 404; the token is the supervisor's."""
+    w0, w1 = _Worker(_Role(0, True), 100, ready=False), _Worker(_Role(1), 101, ready=False)
+    fleet = _Fleet([w0, w1], config=SimpleNamespace(admin=SimpleNamespace(token="tok")))
+    api = FanoutApi(fleet)  # type: ignore[arg-type]
+    port = await api.start("127.0.0.1:0")
+    base, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer tok"}
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(base + "/healthz") as r:
+                assert r.status == 200 and await r.text() == "ok\n"
+            async with s.get(base + "/readyz") as r:
+                body = await r.json()
+                assert r.status == 503 and body["reason"] == "restarting"
+                assert [w["worker"] for w in body["workers"]] == [0, 1]
+            async with s.get(base + "/v1/stats") as r:
+                assert r.status == 401
+            async with s.post(base + "/v1/invalidate", json={"path": "/d"}, headers=auth) as r:
+                assert (r.status, await r.json()) == (502, {"error": "no worker answered"})
+            async with s.get(base + "/v1/warmup/3", headers=auth) as r:
+                assert (r.status, await r.json()) == (404, {"error": "no such warm-up"})
+            async with s.get(base + "/v1/warmup", headers=auth) as r:
+                assert (r.status, await r.json()) == (200, [])
+    finally:
+        await api.stop()
