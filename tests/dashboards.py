@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gateway.ops.metrics import METRICS, SUPERVISOR_METRICS, Kind, MetricDef
+from gateway.ops.metricdefs import METRICS, SUPERVISOR_METRICS, Kind, MetricDef
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_JSON = ROOT / "contrib" / "grafana" / "nfsgw.json"
@@ -68,3 +68,39 @@ def alert_names() -> list[str]:
 def grafana_to_promql(expr: str, rate_interval: str = "1m") -> str:
     """A panel's expression as Grafana sends it with every gateway selected."""
     return expr.replace("$__rate_interval", rate_interval).replace("$instance", ".*")
+
+
+_SELECTOR = re.compile(r"\b(nfsgw_[a-z0-9_]+)\b(?:\{([^}]*)\})?")
+_MATCHER = re.compile(r'\s*([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*,?')
+# Labels Prometheus adds when it scrapes (a gateway's /metrics has none of them).
+TARGET_LABELS = frozenset({"instance", "job"})
+
+Matcher = tuple[str, str, str]  # label, operator, value
+
+
+def selectors(expr: str) -> list[tuple[str, tuple[Matcher, ...]]]:
+    """Every ``nfsgw_name{matchers}`` of a PromQL expression (no braces: no matchers)."""
+    out = []
+    for name, body in _SELECTOR.findall(expr):
+        matchers = tuple(_MATCHER.findall(body)) if body else ()
+        out.append((name, matchers))
+    return out
+
+
+def matches(labels: dict[str, str], matchers: tuple[Matcher, ...]) -> bool:
+    """Whether a series' labels satisfy PromQL matchers (target labels ignored)."""
+    for label, op, value in matchers:
+        if label in TARGET_LABELS:
+            continue
+        have = labels.get(label, "")
+        if op == "=":
+            ok = have == value
+        elif op == "!=":
+            ok = have != value
+        elif op == "=~":
+            ok = re.fullmatch(value, have) is not None
+        else:
+            ok = re.fullmatch(value, have) is None
+        if not ok:
+            return False
+    return True

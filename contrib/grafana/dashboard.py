@@ -5,7 +5,7 @@ for nothing, its ``datasource`` variable picks the Prometheus that scrapes the g
 Owns: which questions the dashboard answers and the PromQL that answers them. Every expression
 selects ``instance=~"$instance"`` and takes rates over ``$__rate_interval``.
 ``tests/unit/test_dashboard.py`` checks that the JSON is this file's output, that every metric
-named exists in ``gateway/ops/metrics.py``'s table, and that docs/operations.md describes
+named exists in ``gateway/ops/metricdefs.py``'s table, and that docs/operations.md describes
 every panel; ``tests/integration/test_dashboard.py`` evaluates every expression in a real
 Prometheus scraping a gateway under load (each must parse, each panel must return data).
 
@@ -208,6 +208,27 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               (Q(gauge("nfsgw_warmup_jobs", by="state"), "jobs {{state}}"),
                Q(rate("nfsgw_warmup_files_total"), "files/s"),
                Q(rate("nfsgw_warmup_dirs_total"), "directories/s"))),
+    )),
+    ("Packs", (
+        Panel("Pack members served",
+              "GETs of packed files answered from a shard range, from a group fetched a moment "
+              "before (no GET), and by the bucket instead (the object was replaced, is partial, "
+              "large or damaged): fallbacks well above members mean the pack is not used.",
+              "ops",
+              (Q(rate("nfsgw_pack_members_total"), "from shards"),
+               Q(rate("nfsgw_pack_recent_hits_total"), "from a recent group"),
+               Q(rate("nfsgw_pack_fallbacks_total"), "by the bucket (fallback)")), width=8),
+        Panel("Pack shard traffic",
+              "Bytes of shard ranges fetched per second (a member with its neighbours).",
+              "Bps",
+              (Q(rate("nfsgw_pack_range_bytes_total"), "shard bytes"),), width=8),
+        Panel("Pack indexes",
+              "Exports serving from a loaded pack index, and pack indexes not used in the last "
+              "hour (missing, damaged, another version or source, shards missing: the export "
+              "serves from the bucket).", "short",
+              (Q(gauge("nfsgw_pack_loaded"), "loaded"),
+               Q(f"sum(increase(nfsgw_pack_load_errors_total{{{SEL}}}[1h]))", "not used (1h)")),
+              kind="stat", width=8),
     )),
     ("Workers", (
         Panel("Workers up and restarts",

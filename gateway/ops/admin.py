@@ -1,8 +1,8 @@
-"""The admin HTTP API (aiohttp).
+"""The admin API's answers from this process (``LocalAdmin``, an ``AdminBackend``).
 
-Owns: the routes operators and probes use, on ``admin.listen`` (127.0.0.1:9426 by default
-with a config file), optionally behind a bearer token (``admin.token_file``; /healthz and
-/readyz stay open for probes):
+Owns: what the routes operators and probes use answer, on ``admin.listen`` (127.0.0.1:9426 by
+default with a config file; the HTTP side, the bearer token and the listeners are
+``gateway.ops.adminhttp.AdminHttp``):
 
 - ``GET /metrics``   Prometheus text (``gateway.ops.metrics``)
 - ``GET /healthz``   200 while the event loop runs
@@ -33,62 +33,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import hmac
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import structlog
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 
+from gateway import version
 from gateway.clock import Clock
-from gateway.ops.config import ServerConfig, split_listen
+from gateway.ops.adminhttp import AdminHttp, Process, Reply
 from gateway.ops.metrics import Metrics
 from gateway.ops.probe import BackendProbe
-from gateway.ops.warmup import WarmupJob, WarmupRefused, Warmups
+from gateway.ops.warmup import WarmupRefused, Warmups
 from gateway.pack.store import PackedStore
 from gateway.registry import Gateway
 
 log = structlog.get_logger(__name__)
 
 READY_CACHE_S = 5.0
-_OPEN = frozenset({"/healthz", "/readyz"})
 
 
-class Served(Protocol):
+class Served(Process, Protocol):
     """What the admin API needs from the process it serves (``gateway.ops.server.Server``)."""
-
-    @property
-    def config(self) -> ServerConfig:
-        """The running configuration (``admin.token`` is read per request: a reload applies)."""
-        ...
-
-    @property
-    def port(self) -> int: ...
-
-    @property
-    def started(self) -> bool: ...
-
-    @property
-    def stopping(self) -> bool: ...
-
-    @property
-    def last_reload_error(self) -> list[str]: ...
 
     @property
     def probes(self) -> Mapping[str, BackendProbe]:
         """Export path -> its backend's probe."""
         ...
 
-    async def reload(self) -> bool: ...
 
+class LocalAdmin:
+    """The admin routes' answers from this process's own state (``AdminBackend``)."""
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class AdminApi:
     def __init__(
         self, served: Served, gateway: Gateway, metrics: Metrics, warmups: Warmups, clock: Clock
     ) -> None:
@@ -97,71 +74,26 @@ class AdminApi:
         self.metrics = metrics
         self.warmups = warmups
         self.clock = clock
-        self._runner: web.AppRunner | None = None
         self._ready: tuple[float, bool, dict[str, str | None]] | None = None
         self._probe: asyncio.Task[dict[str, str | None]] | None = None
-        self.app = self._build()
 
-    def _build(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth], client_max_size=64 << 10)
-        r = app.router
-        r.add_get("/metrics", self.metrics_page)
-        r.add_get("/healthz", self.healthz)
-        r.add_get("/readyz", self.readyz)
-        r.add_get("/v1/stats", self.stats)
-        r.add_post("/v1/invalidate", self.invalidate)
-        r.add_post("/v1/warmup", self.warmup)
-        r.add_get("/v1/warmup", self.warmup_list)
-        r.add_get("/v1/warmup/{id}", self.warmup_get)
-        r.add_delete("/v1/warmup/{id}", self.warmup_cancel)
-        r.add_post("/v1/reload", self.reload)
-        return app
+    @property
+    def token(self) -> str | None:
+        return self.served.config.admin.token
 
-    async def start(self, listen: str) -> int:
-        host, port = split_listen(listen)
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        self._runner = runner
-        server = getattr(site, "_server", None)
-        socks = getattr(server, "sockets", None) or []
-        return int(socks[0].getsockname()[1]) if socks else port
-
-    async def start_unix(self, path: str) -> None:
-        """Serve on a Unix socket (a worker process: its supervisor is the only client)."""
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.UnixSite(runner, path).start()
-        self._runner = runner
-
-    async def stop(self) -> None:
+    async def close(self) -> None:
         if self._probe is not None:
             self._probe.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        refused = check_token(request, self.served.config.admin.token)
-        return refused if refused is not None else await handler(request)
 
     # -- probes and metrics -------------------------------------------------------------------
 
-    async def metrics_page(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def exposition(self) -> bytes:
+        return generate_latest(self.metrics.registry)
 
-    async def healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def readyz(self, request: web.Request) -> web.Response:
+    async def ready(self) -> Reply:
         s = self.served
         if not s.started or s.stopping:
-            return web.json_response(
-                {"ready": False, "reason": "stopping" if s.stopping else "starting"}, status=503
-            )
+            return Reply(503, {"ready": False, "reason": "stopping" if s.stopping else "starting"})
         backends = await self.backend_status()
         reasons = [f"{p}: {why}" for p, why in sorted(backends.items()) if why is not None]
         body: dict[str, Any] = {"backends": {p: v or "ok" for p, v in backends.items()}}
@@ -179,7 +111,7 @@ class AdminApi:
         body["ready"] = ok
         if not ok:
             body["reason"] = "; ".join(reasons)
-        return web.json_response(body, status=200 if ok else 503)
+        return Reply(200 if ok else 503, body)
 
     async def backend_status(self) -> dict[str, str | None]:
         """Export path -> None (reachable) or why not; one probe at a time, cached."""
@@ -209,110 +141,82 @@ class AdminApi:
 
     # -- /v1 ----------------------------------------------------------------------------------
 
-    async def stats(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            stats_snapshot(self.served, self.gateway, self.metrics, self.warmups)
-        )
-
-    async def _json(self, request: web.Request) -> dict[str, Any]:
-        if not request.can_read_body:
-            return dict(request.query)
-        try:
-            body = await request.json()
-        except ValueError:
-            raise web.HTTPBadRequest(text='{"error": "body is not JSON"}') from None
-        if not isinstance(body, dict):
-            raise web.HTTPBadRequest(text='{"error": "body must be a JSON object"}')
-        return body
+    async def stats(self) -> dict[str, Any]:
+        return stats_snapshot(self.served, self.gateway, self.metrics, self.warmups)
 
     @staticmethod
     def _flag(v: object) -> bool:
         return v is True or (isinstance(v, str) and v.lower() in ("1", "true", "yes"))
 
-    async def invalidate(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
+    async def invalidate(self, body: dict[str, Any]) -> Reply:
         path = body.get("path")
         if not isinstance(path, str) or not path.startswith("/"):
-            return web.json_response({"error": "give an absolute path: /export/dir"}, status=400)
+            return Reply(400, {"error": "give an absolute path: /export/dir"})
         subtree = self._flag(body.get("subtree", False))
         found = self.gateway.find_export(path)
         if found is None:
-            return web.json_response({"error": f"{path}: no export contains it"}, status=404)
+            return Reply(404, {"error": f"{path}: no export contains it"})
         export, rel = found
         export.ns.invalidate(rel, subtree=subtree)
         if rel:
             self.gateway.reader.invalidate(export.store.name, export.prefix + rel)
         log.info("invalidated", export=export.cfg.path, path=rel, subtree=subtree)
-        return web.json_response({"export": export.cfg.path, "path": rel, "subtree": subtree})
+        return Reply(200, {"export": export.cfg.path, "path": rel, "subtree": subtree})
 
-    async def warmup(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
+    async def warmup(self, body: dict[str, Any]) -> Reply:
         path = body.get("path")
         if not isinstance(path, str) or not path.startswith("/"):
-            return web.json_response({"error": "give an absolute path: /export/dir"}, status=400)
+            return Reply(400, {"error": "give an absolute path: /export/dir"})
         try:
             concurrency = int(body.get("concurrency", 8))
         except (TypeError, ValueError):
-            return web.json_response({"error": "concurrency must be an integer"}, status=400)
+            return Reply(400, {"error": "concurrency must be an integer"})
         try:
             job = self.warmups.start(
                 path, data=self._flag(body.get("data", False)), concurrency=concurrency
             )
         except LookupError as e:
-            return web.json_response({"error": str(e)}, status=404)
+            return Reply(404, {"error": str(e)})
         except ValueError as e:
-            return web.json_response({"error": str(e)}, status=400)
+            return Reply(400, {"error": str(e)})
         except WarmupRefused as e:
-            return web.json_response({"error": str(e)}, status=429)
+            return Reply(429, {"error": str(e)})
         if self._flag(body.get("wait", False)):
             await job.done.wait()
-            return web.json_response(job.as_dict())
-        return web.json_response(job.as_dict(), status=202)
+            return Reply(200, job.as_dict())
+        return Reply(202, job.as_dict())
 
-    def _job(self, request: web.Request) -> WarmupJob:
-        try:
-            job = self.warmups.jobs.get(int(request.match_info["id"]))
-        except ValueError:
-            job = None
+    async def warmup_list(self) -> list[dict[str, Any]]:
+        return [j.as_dict() for j in self.warmups.jobs.values()]
+
+    async def warmup_get(self, job_id: int) -> Reply | None:
+        job = self.warmups.jobs.get(job_id)
         if job is None:
-            raise web.HTTPNotFound(
-                text='{"error": "no such warm-up"}', content_type="application/json"
-            )
-        return job
+            return None
+        return Reply(200, self.warmups.progress(job).as_dict())
 
-    async def warmup_list(self, request: web.Request) -> web.Response:
-        return web.json_response([j.as_dict() for j in self.warmups.jobs.values()])
-
-    async def warmup_get(self, request: web.Request) -> web.Response:
-        job = self.warmups.progress(self._job(request))
-        return web.json_response(job.as_dict())
-
-    async def warmup_cancel(self, request: web.Request) -> web.Response:
-        job = self._job(request)
+    async def warmup_cancel(self, job_id: int) -> Reply | None:
+        job = self.warmups.jobs.get(job_id)
+        if job is None:
+            return None
         self.warmups.cancel(job.id)
         with contextlib.suppress(asyncio.CancelledError):
             await job.done.wait()
-        return web.json_response(job.as_dict())
+        return Reply(200, job.as_dict())
 
-    async def reload(self, request: web.Request) -> web.Response:
+    async def reload(self) -> Reply:
         ok = await self.served.reload()
-        body = {"ok": ok, "errors": self.served.last_reload_error}
-        return web.json_response(body, status=200 if ok else 422)
+        return Reply(200 if ok else 422, {"ok": ok, "errors": self.served.last_reload_error})
 
 
-def check_token(request: web.Request, token: str | None) -> web.Response | None:
-    """401 unless the request carries the bearer ``token`` (when one is set); the probes
-    (/healthz, /readyz) stay open."""
-    if not token or request.path in _OPEN:
-        return None
-    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode()):
-        return None
-    return web.json_response(
-        {"error": "a bearer token is required (admin.token_file)"},
-        status=401,
-        headers={"WWW-Authenticate": 'Bearer realm="nfsgw"'},
-    )
+class AdminApi(AdminHttp):
+    """The admin HTTP surface over this process (``AdminHttp(LocalAdmin(...))``); the
+    constructor form the server uses."""
+
+    def __init__(
+        self, served: Served, gateway: Gateway, metrics: Metrics, warmups: Warmups, clock: Clock
+    ) -> None:
+        super().__init__(LocalAdmin(served, gateway, metrics, warmups, clock))
 
 
 def stats_snapshot(served: Served, gw: Gateway, m: Metrics, warmups: Warmups) -> dict[str, Any]:
@@ -351,7 +255,7 @@ def stats_snapshot(served: Served, gw: Gateway, m: Metrics, warmups: Warmups) ->
             }
         )
     return {
-        "version": _version(),
+        "version": version(),
         "uptime_s": round(time.time() - m.start_time, 3),
         "port": served.port,
         "ready": served.started and not served.stopping,
@@ -415,13 +319,3 @@ def _fields(stats: Any) -> Iterable[tuple[str, int]]:
         v = getattr(stats, name, None)
         if isinstance(v, int) and not isinstance(v, bool):
             yield name, v
-
-
-@functools.cache
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("nfsgw")
-    except PackageNotFoundError:
-        return "unknown"

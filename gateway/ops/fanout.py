@@ -1,15 +1,17 @@
 """The supervisor's admin API: one ``/metrics`` and one ``/v1`` for all worker processes.
 
-Owns: the same routes as ``gateway.ops.admin`` (and the same bearer token), answered by asking
-every worker over its private Unix socket and combining the answers:
+Owns: ``FleetAdmin``, the ``AdminBackend`` behind the same routes as a single process
+(``gateway.ops.adminhttp.AdminHttp``: same bearer token), answered by asking every worker over
+its private Unix socket and combining the answers:
 
 - ``/metrics``: the workers' expositions summed series by series (counters, histogram buckets,
   and gauges that are per-process amounts such as cache bytes); the gauges every worker reports
-  alike (``metrics.MERGE_MAX``, e.g. the export count or the shared disk tier's size) are
-  taken once, and the start time is the supervisor's. A worker that restarts starts its
+  alike (``Merge.MAX`` rows of ``gateway.ops.metricdefs``, e.g. the export count or the shared
+  disk tier's size) are taken once, and the start time is the supervisor's
+  (``Merge.SUPERVISOR``). A worker that restarts starts its
   counters from 0: the supervisor adds the last values it scraped from the previous process,
   so the service's counters never go down (Prometheus would read a drop as a reset). Plus the
-  supervisor's own series (``metrics.SUPERVISOR_METRICS``): workers configured, up, restarts,
+  supervisor's own series (``metricdefs.SUPERVISOR_METRICS``): workers configured, up, restarts,
   calls per worker. Why not prometheus-client's multiprocess mode: the gateway's metrics are
   collectors reading plain counters at scrape time (``gateway.ops.metrics``: no lock and no
   shared-memory write on the hot path), which that mode cannot aggregate; scraping each worker
@@ -32,25 +34,22 @@ Must not: hold state a worker needs, or block the loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 import aiohttp
 import structlog
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from gateway.ops.admin import check_token
-from gateway.ops.config import ServerConfig, split_listen
-from gateway.ops.metrics import MERGE_MAX, SUPERVISOR_METRICS
+from gateway.ops.adminhttp import AdminHttp, Process, Reply
+from gateway.ops.metricdefs import METRICS, SUPERVISOR_METRICS, Field, Merge, merge_of
 from gateway.ops.warmup import MAX_WARMUP_KEPT
 
 
@@ -100,31 +99,14 @@ class WorkerView(Protocol):
     def last_exit(self) -> int | None: ...
 
 
-class Fleet(Protocol):
+class Fleet(Process, Protocol):
     """What the admin API needs from the supervisor (``gateway.ops.workers.Supervisor``)."""
-
-    @property
-    def config(self) -> ServerConfig: ...
 
     @property
     def count(self) -> int: ...
 
     @property
-    def port(self) -> int: ...
-
-    @property
-    def started(self) -> bool: ...
-
-    @property
-    def stopping(self) -> bool: ...
-
-    @property
-    def last_reload_error(self) -> list[str]: ...
-
-    @property
     def workers(self) -> Sequence[WorkerView]: ...
-
-    async def reload(self) -> bool: ...
 
 
 log = structlog.get_logger(__name__)
@@ -135,10 +117,23 @@ _RATIOS: Final = {
     "backend_requests_per_file_opened": (("backend", "requests_total"), ("files_opened",)),
 }
 
-_DISK_SHARED: Final = ("enabled", "used_bytes", "budget_bytes", "entries", "fs_free_bytes")
+# /v1/stats "disk_cache" keys of the one tier every worker shares: the MAX rows of the table.
+_DISK_SHARED: Final = tuple(
+    m.source.name
+    for m in METRICS
+    if m.merge is Merge.MAX and isinstance(m.source, Field) and m.source.layer == "disk"
+)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SampleKey = tuple[str, str, tuple[tuple[str, str], ...]]  # family, sample name, labels
+
+# A per-worker row of SUPERVISOR_METRICS -> the worker's value (None: no sample), from its slot
+# and the calls (nfsgw_rpc_requests_total) it reported.
+_PER_WORKER: Final[dict[str, Callable[[WorkerView, dict[int, float]], float | None]]] = {
+    "nfsgw_worker_up": lambda w, _: 1.0 if w.ready else 0.0,
+    "nfsgw_worker_restarts_total": lambda w, _: float(w.restarts),
+    "nfsgw_worker_crash_loop": lambda w, _: 1.0 if w.crash_looping else 0.0,
+    "nfsgw_worker_rpc_requests_total": lambda w, calls: calls.get(w.role.index),
+}
 
 
 @dataclass(slots=True)
@@ -156,53 +151,27 @@ class _Job:
     worker_ids: dict[int, int]  # worker index -> that worker's job id
 
 
-class FanoutApi:
+class FleetAdmin:
+    """The admin routes' answers from every worker, combined (``AdminBackend``)."""
+
     def __init__(self, sup: Fleet) -> None:
         self.sup = sup
         self.start_time = time.time()
-        self._runner: web.AppRunner | None = None
         self._sessions: dict[int, aiohttp.ClientSession] = {}
         self._carry: dict[int, _Carry] = {}
         self._types: dict[str, tuple[str, str]] = {}  # family -> (help, type), as last seen
         self._jobs: dict[int, _Job] = {}
         self._next_job = 0
         self._warmup_lock = asyncio.Lock()
-        self.app = web.Application(middlewares=[self._auth], client_max_size=64 << 10)
-        r = self.app.router
-        r.add_get("/metrics", self.metrics_page)
-        r.add_get("/healthz", self.healthz)
-        r.add_get("/readyz", self.readyz)
-        r.add_get("/v1/stats", self.stats)
-        r.add_post("/v1/invalidate", self.invalidate)
-        r.add_post("/v1/warmup", self.warmup)
-        r.add_get("/v1/warmup", self.warmup_list)
-        r.add_get("/v1/warmup/{id}", self.warmup_get)
-        r.add_delete("/v1/warmup/{id}", self.warmup_cancel)
-        r.add_post("/v1/reload", self.reload)
 
-    async def start(self, listen: str) -> int:
-        host, port = split_listen(listen)
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        self._runner = runner
-        server = getattr(site, "_server", None)
-        socks = getattr(server, "sockets", None) or []
-        return int(socks[0].getsockname()[1]) if socks else port
+    @property
+    def token(self) -> str | None:
+        return self.sup.config.admin.token
 
-    async def stop(self) -> None:
+    async def close(self) -> None:
         for s in self._sessions.values():
             await s.close()
         self._sessions.clear()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        refused = check_token(request, self.sup.config.admin.token)
-        return refused if refused is not None else await handler(request)
 
     # -- talking to workers -----------------------------------------------------------------
 
@@ -241,14 +210,11 @@ class FanoutApi:
 
     # -- probes and metrics -------------------------------------------------------------------
 
-    async def healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def readyz(self, request: web.Request) -> web.Response:
+    async def ready(self) -> Reply:
         sup = self.sup
         if not sup.started or sup.stopping:
             reason = "stopping" if sup.stopping else "starting"
-            return web.json_response({"ready": False, "reason": reason}, status=503)
+            return Reply(503, {"ready": False, "reason": reason})
         workers: list[dict[str, Any]] = []
         backends: dict[str, Any] = {}
         packs: dict[str, Any] = {}
@@ -275,7 +241,7 @@ class FanoutApi:
             body["packs"] = packs
         if not ok:
             body["reason"] = "; ".join(reasons) or "not ready"
-        return web.json_response(body, status=200 if ok else 503)
+        return Reply(200 if ok else 503, body)
 
     def _worker_state(self, w: WorkerView) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -292,7 +258,7 @@ class FanoutApi:
             d["reason"] = "restarting"
         return d
 
-    async def metrics_page(self, request: web.Request) -> web.Response:
+    async def exposition(self) -> bytes:
         texts: list[tuple[WorkerView, str]] = []
         for w, ans in await self._ask_all("GET", "/metrics"):
             if ans is not None and ans[0] == 200 and isinstance(ans[1], str):
@@ -300,8 +266,7 @@ class FanoutApi:
         merged, per_worker_calls = self.merge(texts)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Families([*merged, *self._own(per_worker_calls)]))
-        body = generate_latest(registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return generate_latest(registry)
 
     def merge(self, texts: list[tuple[WorkerView, str]]) -> tuple[list[Metric], dict[int, float]]:
         """Sum the workers' families (see the module docstring); also each worker's calls.
@@ -323,7 +288,7 @@ class FanoutApi:
             samples: dict[SampleKey, float] = {}
             if text is not None:
                 for f in text_string_to_metric_families(text):
-                    if f.name == "nfsgw_start_time_seconds":
+                    if merge_of(f.name) is Merge.SUPERVISOR:
                         continue
                     if f.name not in fams:
                         fams[f.name] = Metric(f.name, f.documentation, f.type)
@@ -344,7 +309,7 @@ class FanoutApi:
                     calls[w.role.index] = calls.get(w.role.index, 0.0) + v
                 if key not in values:
                     values[key] = v
-                elif fname in MERGE_MAX or fname + "_total" in MERGE_MAX:
+                elif merge_of(fname) is Merge.MAX:
                     values[key] = max(values[key], v)
                 else:
                     values[key] += v
@@ -364,24 +329,20 @@ class FanoutApi:
         for d in SUPERVISOR_METRICS:
             kind = CounterMetricFamily if d.kind.value == "counter" else GaugeMetricFamily
             fam = kind(d.name, d.help, labels=d.labels)
-            for w in sup.workers:
-                i = str(w.role.index)
-                if d.name == "nfsgw_workers":
+            if not d.labels:  # nfsgw_workers: the fleet's size
+                if sup.workers:
                     fam.add_metric([], float(sup.count))
-                    break
-                if d.name == "nfsgw_worker_up":
-                    fam.add_metric([i], 1.0 if w.ready else 0.0)
-                elif d.name == "nfsgw_worker_restarts_total":
-                    fam.add_metric([i], float(w.restarts))
-                elif d.name == "nfsgw_worker_crash_loop":
-                    fam.add_metric([i], 1.0 if w.crash_looping else 0.0)
-                elif d.name == "nfsgw_worker_rpc_requests_total" and w.role.index in calls:
-                    fam.add_metric([i], calls[w.role.index])
+            else:
+                read = _PER_WORKER[d.name]
+                for w in sup.workers:
+                    v = read(w, calls)
+                    if v is not None:
+                        fam.add_metric([str(w.role.index)], v)
             yield fam
 
     # -- /v1 ------------------------------------------------------------------------------------
 
-    async def stats(self, request: web.Request) -> web.Response:
+    async def stats(self) -> dict[str, Any]:
         answers = await self._ask_all("GET", "/v1/stats")
         snaps = [a[1] for _, a in answers if a is not None and a[0] == 200]
         merged: dict[str, Any] = merge_snapshots(snaps) if snaps else {}
@@ -394,38 +355,23 @@ class FanoutApi:
             if a is not None and a[0] == 200:
                 state["calls_total"] = a[1].get("rpc", {}).get("calls_total")
             merged["workers"].append(state)
-        return web.json_response(merged)
+        return merged
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
-        if not request.can_read_body:
-            return dict(request.query)
-        try:
-            body = await request.json()
-        except ValueError:
-            raise web.HTTPBadRequest(text='{"error": "body is not JSON"}') from None
-        if not isinstance(body, dict):
-            raise web.HTTPBadRequest(text='{"error": "body must be a JSON object"}')
-        return body
-
-    def _combined(self, answers: list[tuple[WorkerView, tuple[int, Any] | None]]) -> web.Response:
+    def _combined(self, answers: list[tuple[WorkerView, tuple[int, Any] | None]]) -> Reply:
         """Worker 0's answer for the whole service, 502 if a worker that is up failed."""
         missing = [w.role.index for w, a in answers if a is None and w.ready]
         first = next((a for _, a in answers if a is not None), None)
         if first is None:
-            return web.json_response({"error": "no worker answered"}, status=502)
+            return Reply(502, {"error": "no worker answered"})
         status, body = first
         if missing and status < 400:
-            return web.json_response(
-                {"error": f"workers {missing} did not answer", "answer": body}, status=502
-            )
-        return web.json_response(body, status=status)
+            return Reply(502, {"error": f"workers {missing} did not answer", "answer": body})
+        return Reply(status, body)
 
-    async def invalidate(self, request: web.Request) -> web.Response:
-        return self._combined(
-            await self._ask_all("POST", "/v1/invalidate", await self._body(request))
-        )
+    async def invalidate(self, body: dict[str, Any]) -> Reply:
+        return self._combined(await self._ask_all("POST", "/v1/invalidate", body))
 
-    async def reload(self, request: web.Request) -> web.Response:
+    async def reload(self) -> Reply:
         ok = await self.sup.reload()
         answers = await self._ask_all("POST", "/v1/reload", {})
         errors = list(self.sup.last_reload_error)
@@ -433,10 +379,9 @@ class FanoutApi:
             if a is not None and a[0] != 200 and isinstance(a[1], dict):
                 errors += [e for e in a[1].get("errors", []) if e not in errors]
         ok = ok and all(a is not None and a[0] == 200 for _, a in answers)
-        return web.json_response({"ok": ok, "errors": errors}, status=200 if ok else 422)
+        return Reply(200 if ok else 422, {"ok": ok, "errors": errors})
 
-    async def warmup(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
+    async def warmup(self, body: dict[str, Any]) -> Reply:
         async with self._warmup_lock:
             ws = list(self.sup.workers)
             bodies = [body if w.role.owner else {**body, "data": False} for w in ws]
@@ -457,35 +402,32 @@ class FanoutApi:
             while len(self._jobs) > MAX_WARMUP_KEPT:  # as each worker keeps its own
                 del self._jobs[next(iter(self._jobs))]
             status, first = next(a for w, a in pairs if w.role.owner and a is not None)
-            return web.json_response(self._job_view(job, first), status=status)
+            return Reply(status, self._job_view(job, first))
 
     def _job_view(self, job: _Job, owner_view: dict[str, Any]) -> dict[str, Any]:
         return {**owner_view, "id": job.id, "workers": len(job.worker_ids)}
 
-    def _find_job(self, request: web.Request) -> _Job:
-        with contextlib.suppress(ValueError):
-            job = self._jobs.get(int(request.match_info["id"]))
-            if job is not None:
-                return job
-        raise web.HTTPNotFound(text='{"error": "no such warm-up"}', content_type="application/json")
-
-    async def warmup_list(self, request: web.Request) -> web.Response:
+    async def warmup_list(self) -> list[dict[str, Any]]:
         out = []
         for job in list(self._jobs.values()):
             a = await self._ask(self.sup.workers[0], "GET", f"/v1/warmup/{job.worker_ids[0]}")
             if a is not None and a[0] == 200:
                 out.append(self._job_view(job, a[1]))
-        return web.json_response(out)
+        return out
 
-    async def warmup_get(self, request: web.Request) -> web.Response:
-        job = self._find_job(request)
+    async def warmup_get(self, job_id: int) -> Reply | None:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
         a = await self._ask(self.sup.workers[0], "GET", f"/v1/warmup/{job.worker_ids[0]}")
         if a is None or a[0] != 200:
-            return web.json_response({"error": "worker 0 lost the job (restarted?)"}, status=410)
-        return web.json_response(self._job_view(job, a[1]))
+            return Reply(410, {"error": "worker 0 lost the job (restarted?)"})
+        return Reply(200, self._job_view(job, a[1]))
 
-    async def warmup_cancel(self, request: web.Request) -> web.Response:
-        job = self._find_job(request)
+    async def warmup_cancel(self, job_id: int) -> Reply | None:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
         answers = await asyncio.gather(
             *(
                 self._ask(w, "DELETE", f"/v1/warmup/{job.worker_ids[w.role.index]}")
@@ -495,8 +437,16 @@ class FanoutApi:
         )
         owner = answers[0] if answers else None
         if owner is None or owner[0] != 200:
-            return web.json_response({"error": "worker 0 lost the job (restarted?)"}, status=410)
-        return web.json_response(self._job_view(job, owner[1]))
+            return Reply(410, {"error": "worker 0 lost the job (restarted?)"})
+        return Reply(200, self._job_view(job, owner[1]))
+
+
+class FanoutApi(AdminHttp):
+    """The admin HTTP surface over the workers (``AdminHttp(FleetAdmin(sup))``); the
+    constructor form the supervisor uses."""
+
+    def __init__(self, sup: Fleet) -> None:
+        super().__init__(FleetAdmin(sup))
 
 
 class _Families(Collector):

@@ -1,5 +1,7 @@
-"""structlog set-up, once per process: JSON lines to stdout (journald) or a readable console
-on a TTY (STYLE §6).
+"""structlog set-up, once per process: a readable console on a terminal, JSON lines to
+stdout otherwise: under systemd (journald), into a pipe or a log file (STYLE §6). Every command
+configures it (``serve`` from ``[log]``, ``pack`` and the admin client commands too), so no line
+is printed by structlog's or the standard library's defaults.
 
 Owns: the processor chain and where lines go. One line per error, per connection open/close,
 per directory prefetch and per warm-up; never one per successful RPC. ``dispatch`` sets the
@@ -12,7 +14,9 @@ go through the same renderer via ``ProcessorFormatter``.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from typing import TextIO
 
 import structlog
@@ -29,12 +33,12 @@ def configure(
     stream: TextIO | None = None,
     cache: bool = True,
 ) -> None:
-    """``json`` None: JSON unless ``stream`` is a TTY. ``cache=False`` for tests that
-    reconfigure (cached loggers keep the configuration they were first used with)."""
+    """``json`` None: ``wants_json(stream)``. ``cache=False`` for tests that reconfigure
+    (cached loggers keep the configuration they were first used with)."""
     out = stream if stream is not None else sys.stdout
     lvl = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     if json is None:
-        json = not out.isatty()
+        json = wants_json(out)
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         add_call,
@@ -64,3 +68,22 @@ def configure(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(lvl, logging.WARNING))
+
+
+def wants_json(out: TextIO, environ: Mapping[str, str] = os.environ) -> bool:
+    """JSON unless ``out`` is a terminal; always JSON into the journal (systemd names the
+    stream it connected in ``JOURNAL_STREAM``, "device:inode": compared with ``out``'s, since a
+    shell started by a systemd unit inherits the variable for its own terminal)."""
+    try:
+        st = os.fstat(out.fileno())
+    except (OSError, ValueError, AttributeError):  # no file behind it (a test's StringIO)
+        return not out.isatty()
+    dev, _, ino = environ.get("JOURNAL_STREAM", "").partition(":")
+    if f"{st.st_dev}:{st.st_ino}" == f"{dev}:{ino}":
+        return True
+    return not out.isatty()
+
+
+def configure_from(level: str, fmt: str) -> None:
+    """``configure`` from a ``[log]`` table's level and format ("auto", "json", "console")."""
+    configure(level, None if fmt == "auto" else fmt == "json")

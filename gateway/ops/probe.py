@@ -27,7 +27,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import structlog
 
@@ -238,11 +238,9 @@ class BackendProbe:
         self.answered, self.diagnosis = False, d
         if d.cause != self._logged:
             self._logged = d.cause
-            (log.debug if self.quiet else log.error)(
+            self._log(
+                log.error,
                 "export_backend_failed",
-                export=self.export,
-                backend=self.backend,
-                endpoint=self.endpoint,
                 cause=d.cause,
                 problem=d.problem,
                 fix=d.fix,
@@ -257,11 +255,9 @@ class BackendProbe:
     def _answered(self) -> None:
         was, self.answered, self.diagnosis = self.answered, True, None
         if self._logged is not None:
-            (log.debug if self.quiet else log.info)(
+            self._log(
+                log.info,
                 "export_backend_recovered",
-                export=self.export,
-                backend=self.backend,
-                endpoint=self.endpoint,
                 was=self._logged,
                 attempts=self.attempts,
                 after_s=round(time.monotonic() - self._failing_since, 3),
@@ -270,6 +266,12 @@ class BackendProbe:
         self.attempts = 0
         if was is not True and self.on_change is not None:
             self.on_change()
+
+    def _log(self, loud: Callable[..., Any], event: str, **kw: Any) -> None:
+        """A change of cause or a recovery, naming the export (debug when ``quiet``)."""
+        (log.debug if self.quiet else loud)(
+            event, export=self.export, backend=self.backend, endpoint=self.endpoint, **kw
+        )
 
     async def _retry(self, wait_first: bool) -> None:
         delay = self.retry_first_s

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from gateway.ops.metricdefs import SUPERVISOR_METRICS
+from gateway.ops.metrics import Metrics
 from tests import dashboards as d
 
 DOCS = d.ROOT / "docs" / "operations.md"
@@ -55,7 +57,7 @@ def test_every_metric_named_is_in_the_table() -> None:
     named = {n for p in d.panels() for t in p["targets"] for n in d.metric_names(t["expr"])}
     named |= d.metric_names(d.ALERTS.read_text())
     missing = sorted(n for n in named if d.table_family(n) is None)
-    assert not missing, f"not in gateway/ops/metrics.py: {missing}"
+    assert not missing, f"not in gateway/ops/metricdefs.py: {missing}"
     assert len(named) >= 30  # the names are found at all
 
 
@@ -68,3 +70,29 @@ def test_docs_describe_every_panel_and_alert() -> None:
     assert len(names) >= 8
     for name in names:
         assert f"`{name}`" in alerts_doc, f"docs: alert {name} not described"
+
+
+def test_every_series_selected_exists_at_start() -> None:
+    """A fresh gateway's /metrics has a series for every selector of the dashboard and the
+    alerts (at 0), so panels and alerts read 0 rather than "no data" until something happens.
+    The supervisor's families exist only in a supervisor's /metrics (workers > 1)."""
+    m = Metrics()
+    m.prepare()
+    series: dict[str, list[dict[str, str]]] = {}
+    for fam in m.registry.collect():
+        for s in fam.samples:
+            series.setdefault(s.name, []).append(s.labels)
+    supervisor = {f.name for f in SUPERVISOR_METRICS}
+    exprs = [d.grafana_to_promql(t["expr"]) for p in d.panels() for t in p["targets"]]
+    exprs.append(d.ALERTS.read_text())
+    checked, missing = 0, []
+    for expr in exprs:
+        for name, matchers in d.selectors(expr):
+            fam = d.table_family(name)
+            if fam is not None and fam.name in supervisor:
+                continue
+            checked += 1
+            if not any(d.matches(labels, matchers) for labels in series.get(name, ())):
+                missing.append(f"{name}{{{', '.join(''.join(x) for x in matchers)}}}")
+    assert not missing, f"no series at start for: {sorted(set(missing))}"
+    assert checked >= 40

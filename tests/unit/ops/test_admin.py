@@ -328,3 +328,33 @@ async def test_stats_and_warmup_commands(
             cli.main, ["stats", "--admin-url", f"http://127.0.0.1:{server.metrics_port}"]
         )
         assert rc == 1 and "401" in capsys.readouterr().err
+
+
+async def test_error_replies(tmp_path: Path) -> None:
+    """The admin API's refusals: a body that is not a JSON object (400), an unknown or
+    malformed warm-up id (404), a request without a body reads the query string."""
+    async with gateway(tmp_path, files=files()) as gw:
+        http = Http(gw.server.metrics_port)
+        url = http.base + "/v1/invalidate"
+        for body, error in ((b"{", "body is not JSON"), (b"[1]", "body must be a JSON object")):
+            async with http.session.post(url, data=body) as r:
+                assert (r.status, await r.json(content_type=None)) == (400, {"error": error})
+        async with http.session.post(url + "?path=/data/d0") as r:
+            assert r.status == 200 and (await r.json())["path"] == "d0"
+        for method, path in (
+            ("GET", "/v1/warmup/x"),
+            ("GET", "/v1/warmup/9"),
+            ("DELETE", "/v1/warmup/9"),
+            ("DELETE", "/v1/warmup/x"),
+        ):
+            async with http.session.request(method, http.base + path) as r:
+                assert r.status == 404 and r.content_type == "application/json", (method, path)
+                assert await r.json() == {"error": "no such warm-up"}
+        status, body = await http.json("POST", "/v1/invalidate", {"path": "data"})
+        assert (status, body) == (400, {"error": "give an absolute path: /export/dir"})
+        status, body = await http.json("POST", "/v1/invalidate", {"path": "/nope"})
+        assert (status, body) == (404, {"error": "/nope: no export contains it"})
+        status, body = await http.json("POST", "/v1/warmup", {"path": "/data", "concurrency": "x"})
+        assert (status, body) == (400, {"error": "concurrency must be an integer"})
+        assert (await http.get("/nowhere"))[0] == 404
+        await http.close()

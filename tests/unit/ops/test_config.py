@@ -401,3 +401,56 @@ def test_docs_reference_lists_every_declared_key() -> None:
     declared = {table: set(entries(cls)) for table, cls in SECTIONS.items()}
     declared["export_defaults"] = set(entries(ExportConfig))
     assert documented == declared
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """``nfsgw --version`` prints the version ``/v1/stats`` reports (gateway.version)."""
+    from gateway import version
+
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["--version"])
+    assert ei.value.code == 0
+    assert capsys.readouterr().out == f"nfsgw {version()}\n"
+    assert version() != ""
+
+
+def test_log_format_auto(tmp_path: Path) -> None:
+    """auto: a readable console on a terminal; JSON into a pipe, a file, or the journal (the
+    stream systemd names in JOURNAL_STREAM), even when that variable is inherited by a
+    terminal it does not name."""
+    import os
+
+    from gateway.ops.logs import wants_json
+
+    r, w = os.pipe()
+    with os.fdopen(w, "w") as pipe:
+        assert wants_json(pipe, {})
+    os.close(r)
+    with (tmp_path / "log").open("w") as f:
+        st = os.fstat(f.fileno())
+        assert wants_json(f, {})
+        assert wants_json(f, {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+    main_fd, tty_fd = os.openpty()
+    try:
+        with os.fdopen(tty_fd, "w") as tty:
+            assert not wants_json(tty, {})
+            assert not wants_json(tty, {"JOURNAL_STREAM": "8:12345", "INVOCATION_ID": "x"})
+    finally:
+        os.close(main_fd)
+
+
+def test_pack_configures_logging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``nfsgw pack`` renders its lines like ``serve`` (from ``[log]``), not with structlog's
+    defaults (console lines into a pipe or a file)."""
+    from gateway.ops import logs
+
+    got: list[tuple[str, str]] = []
+    monkeypatch.setattr(logs, "configure_from", lambda level, fmt: got.append((level, fmt)))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"x")
+    cfg = write(tmp_path, '[log]\nlevel = "warning"\nformat = "json"\n')
+    dst = f"file://{tmp_path}/nowhere"
+    rc = cli.main(["pack", f"file://{src}", "--to", dst, "--quiet", "--config", str(cfg)])
+    assert rc == 2  # DST does not exist: refused after the configuration was read
+    assert got == [("warning", "json")]

@@ -1,6 +1,6 @@
 """The supervisor's admin API (``gateway.ops.fanout``): how the workers' answers combine.
 
-- ``/metrics``: series summed across workers; ``MERGE_MAX`` gauges taken once; a worker that
+- ``/metrics``: series summed across workers; ``Merge.MAX`` gauges taken once; a worker that
   restarts (new pid, counters from 0) or does not answer keeps the service's counters from going
   down; the per-worker series.
 - ``/v1/stats``: numbers summed, ratios recomputed from the sums, exports merged by path with
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.ops.fanout import FanoutApi, merge_snapshots
+from gateway.ops.fanout import FanoutApi, FleetAdmin, merge_snapshots
 
 
 @dataclass
@@ -72,7 +74,7 @@ nfsgw_rpc_duration_seconds_sum{{proc="NFS3.READ",status="ok"}} 0.5
 """
 
 
-def _values(api: FanoutApi, texts: list[tuple[_Worker, str]]) -> dict[str, float]:
+def _values(api: FleetAdmin, texts: list[tuple[_Worker, str]]) -> dict[str, float]:
     fams, calls = api.merge(texts)  # type: ignore[arg-type]
     out = {}
     for f in fams:
@@ -86,7 +88,7 @@ def _values(api: FanoutApi, texts: list[tuple[_Worker, str]]) -> dict[str, float
 
 def test_series_are_summed_and_shared_gauges_taken_once() -> None:
     w0, w1 = _Worker(_Role(0, True), 100), _Worker(_Role(1), 101)
-    api = FanoutApi(_Fleet([w0, w1]))  # type: ignore[arg-type]
+    api = FleetAdmin(_Fleet([w0, w1]))  # type: ignore[arg-type]
     v = _values(api, [(w0, _text(10, 4)), (w1, _text(5, 1))])
     assert v["nfsgw_rpc_requests_total{proc=NFS3.READ,status=ok}"] == 15
     assert v["nfsgw_data_cache_hits_total"] == 5
@@ -99,7 +101,7 @@ def test_series_are_summed_and_shared_gauges_taken_once() -> None:
 
 def test_counters_never_go_down_across_a_restart_or_a_missing_answer() -> None:
     w0, w1 = _Worker(_Role(0, True), 100), _Worker(_Role(1), 101)
-    api = FanoutApi(_Fleet([w0, w1]))  # type: ignore[arg-type]
+    api = FleetAdmin(_Fleet([w0, w1]))  # type: ignore[arg-type]
     first = _values(api, [(w0, _text(10, 4)), (w1, _text(5, 1, buckets=(3, 5)))])
     # worker 1 restarting: it does not answer; what it last said still counts
     w1.ready = False
@@ -124,7 +126,7 @@ def test_merged_metrics_parse_as_prometheus_text() -> None:
     from gateway.ops.fanout import _Families
 
     w0, w1 = _Worker(_Role(0, True), 100), _Worker(_Role(1), 101)
-    api = FanoutApi(_Fleet([w0, w1]))  # type: ignore[arg-type]
+    api = FleetAdmin(_Fleet([w0, w1]))  # type: ignore[arg-type]
     fams, calls = api.merge([(w0, _text(10, 4)), (w1, _text(5, 1))])
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_Families([*fams, *api._own(calls)]))
@@ -157,3 +159,32 @@ def test_stats_snapshots_merge() -> None:
     assert m["exports"] == [{"path": "/d", "attr_ttl_s": 60, "metadata": {"lookups": 12}}]
     assert m["reloads"] == {"ok": 1, "error": 0}
     assert m["warmups"] == [{"id": 1, "path": "/d"}]
+
+
+async def test_fleet_routes_without_workers() -> None:
+    """The supervisor's HTTP surface (``FanoutApi`` = ``AdminHttp(FleetAdmin(...))``) while
+    no worker answers: /healthz 200, /readyz 503 naming each, /v1/invalidate 502, an unknown
+    warm-up 404; the token is the supervisor's."""
+    w0, w1 = _Worker(_Role(0, True), 100, ready=False), _Worker(_Role(1), 101, ready=False)
+    fleet = _Fleet([w0, w1], config=SimpleNamespace(admin=SimpleNamespace(token="tok")))
+    api = FanoutApi(fleet)  # type: ignore[arg-type]
+    port = await api.start("127.0.0.1:0")
+    base, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer tok"}
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(base + "/healthz") as r:
+                assert r.status == 200 and await r.text() == "ok\n"
+            async with s.get(base + "/readyz") as r:
+                body = await r.json()
+                assert r.status == 503 and body["reason"] == "restarting"
+                assert [w["worker"] for w in body["workers"]] == [0, 1]
+            async with s.get(base + "/v1/stats") as r:
+                assert r.status == 401
+            async with s.post(base + "/v1/invalidate", json={"path": "/d"}, headers=auth) as r:
+                assert (r.status, await r.json()) == (502, {"error": "no worker answered"})
+            async with s.get(base + "/v1/warmup/3", headers=auth) as r:
+                assert (r.status, await r.json()) == (404, {"error": "no such warm-up"})
+            async with s.get(base + "/v1/warmup", headers=auth) as r:
+                assert (r.status, await r.json()) == (200, [])
+    finally:
+        await api.stop()

@@ -1,4 +1,4 @@
-"""The metrics table (``gateway.ops.metrics.METRICS``): every layer's stats match it field for
+"""The metrics table (``gateway.ops.metricdefs.METRICS``): every layer's stats match it field for
 field, the exposition has exactly its families with their types and labels (and parses with
 ``promtool`` when installed), retired counters never go down, and docs/operations.md lists
 every name."""
@@ -23,16 +23,8 @@ from gateway.forward import RouteStats
 from gateway.namespace import NamespaceStats
 from gateway.namespace.resolve import HandleStats
 from gateway.ops.gcwatch import GcStats
-from gateway.ops.metrics import (
-    METRICS,
-    SUPERVISOR_METRICS,
-    Field,
-    FieldSum,
-    Kind,
-    Metrics,
-    PerLabel,
-    ServerStats,
-)
+from gateway.ops.metricdefs import METRICS, SUPERVISOR_METRICS, Field, FieldSum, Kind, PerLabel
+from gateway.ops.metrics import Metrics, ServerStats
 from gateway.ops.warmup import WarmupStats
 from gateway.pack.store import PackStats
 from gateway.registry import GatewayStats

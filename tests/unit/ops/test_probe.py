@@ -1,4 +1,4 @@
-"""The start-up backend probe (``gateway.ops.probe``, issue 25 item 5), in process:
+"""The start-up backend probe (``gateway.ops.probe``), in process:
 
 - ``diagnose`` of what ``S3Store._error`` and the credential chain raise: the cause and the
   fix for a missing bucket, refused credentials, denied access, a wrong region, an endpoint
