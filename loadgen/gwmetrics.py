@@ -5,7 +5,7 @@ Owns: which series mean what for the report: ``nfsgw_s3_requests_total{op}`` (ba
 requests by operation), ``nfsgw_data_cache_{hits,misses}_total`` (data cache), and
 ``nfsgw_metadata_cache_{hits,negative_hits}_total``, ``nfsgw_metadata_{targeted_lookups,
 heads}_total`` (metadata index) and ``nfsgw_prefetch_{objects,useful,wasted,joined,
-bytes}_total`` (data prefetch), as ``gateway/ops/metrics.py`` declares them.
+bytes}_total`` (data prefetch), as ``gateway/ops/metricdefs.py`` declares them.
 Must not: depend on being run against nfsgw (a target without metrics reports none).
 """
 
@@ -121,7 +121,7 @@ def cache_ratios(d: Samples) -> dict[str, float | None]:
     return {"data": _ratio(hits, hits + misses), "metadata": _ratio(ns_hit, ns_hit + ns_miss)}
 
 
-# report key -> the data prefetcher's counter (gateway/ops/metrics.py)
+# report key -> the data prefetcher's counter (gateway/ops/metricdefs.py)
 PREFETCH_SERIES = {
     "objects": "nfsgw_prefetch_objects_total",
     "useful": "nfsgw_prefetch_useful_total",

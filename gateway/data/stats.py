@@ -2,7 +2,7 @@
 
 Owns: plain integers, updated in place on the event loop (no locks needed). Must not: import
 prometheus_client or know metric names: every field has its row (name, counter or gauge, help)
-in ``gateway/ops/metrics.py``'s ``METRICS`` table, and the server refuses to start on a field
+in ``gateway/ops/metricdefs.py``'s ``METRICS`` table, and the server refuses to start on a field
 without one.
 """
 

@@ -42,7 +42,7 @@ from prometheus_client import generate_latest
 
 from gateway import version
 from gateway.clock import Clock
-from gateway.ops.adminhttp import AdminHttp, Process, Reply
+from gateway.ops.adminhttp import Process, Reply
 from gateway.ops.metrics import Metrics
 from gateway.ops.probe import BackendProbe
 from gateway.ops.warmup import WarmupRefused, Warmups
@@ -207,16 +207,6 @@ class LocalAdmin:
     async def reload(self) -> Reply:
         ok = await self.served.reload()
         return Reply(200 if ok else 422, {"ok": ok, "errors": self.served.last_reload_error})
-
-
-class AdminApi(AdminHttp):
-    """The admin HTTP surface over this process (``AdminHttp(LocalAdmin(...))``); the
-    constructor form the server uses."""
-
-    def __init__(
-        self, served: Served, gateway: Gateway, metrics: Metrics, warmups: Warmups, clock: Clock
-    ) -> None:
-        super().__init__(LocalAdmin(served, gateway, metrics, warmups, clock))
 
 
 def stats_snapshot(served: Served, gw: Gateway, m: Metrics, warmups: Warmups) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def _size_arg(text: str) -> int:
 
 
 def pack_main(a: argparse.Namespace) -> int:
-    from gateway.backend import StoreUrl, open_store, parse_store_url
+    from gateway.backend import open_store, parse_store_url
     from gateway.pack.packer import PackFailed, PackOptions, nested
 
     try:
@@ -101,39 +101,22 @@ def pack_main(a: argparse.Namespace) -> int:
     # Its lines (backend retries, credentials) as serve's: [log], console on a terminal.
     logs.configure_from(r.config.log.level, r.config.log.format)
 
-    # The one place pack turns URLs and [s3] into stores. It repeats ops/server.py's S3Config
-    # keyword list (``_open_store``) and reads URL schemes itself; when gateway.backend has
-    # ``open_store(url, s3=...)`` and ``StoreUrl.space()/canonical()``, these three become
-    # ``su.space()``, ``open_store(url, s3=replace(s3, max_connections=...))`` and
-    # ``su.canonical()``.
-    def where(u: StoreUrl) -> tuple[str, str]:  # (bucket, prefix); a directory as a prefix
-        return (u.location, u.prefix) if u.scheme == "s3" else ("", u.location.rstrip("/") + "/")
-
-    if su.scheme == du.scheme and nested(*where(su), *where(du)):
+    # Whether the two overlap, which store each is and what the source is called are the
+    # URLs' own answers (gateway.backend), the [s3] section the stores' defaults; uploads in
+    # flight need connections of their own.
+    if nested(*su.space(), *du.space()):
         print(
             f"nfsgw pack: {a.dst} and {a.src} overlap: DST must lie outside SRC (and SRC "
             "outside DST)",
             file=sys.stderr,
         )
         return 2
+    connections = max(s3.max_connections, a.concurrency + 8)
 
     def store(url: str) -> ObjectStore:
-        if not url.startswith("s3://"):
-            return open_store(url)
-        return open_store(
-            url,
-            endpoint_url=s3.endpoint_url,
-            region=s3.region,
-            addressing_style=s3.addressing_style,
-            profile=s3.profile,
-            anonymous=s3.anonymous or None,
-            lean_http=s3.lean_http and None,  # true: NFSGW_S3_LEAN_HTTP decides (default on)
-            max_connections=max(s3.max_connections, a.concurrency + 8),
-            retry=s3.retry,
-            checksums=s3.checksums,
-        )
+        return open_store(url, s3=s3, max_connections=connections)
 
-    source = f"{su.scheme}://{su.location}/{su.prefix}" if su.scheme == "s3" else a.src
+    source = su.canonical()
     try:
         src, dst = store(a.src), store(a.dst)
     except ValueError as e:

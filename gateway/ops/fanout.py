@@ -48,7 +48,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from gateway.ops.adminhttp import AdminHttp, Process, Reply
+from gateway.ops.adminhttp import Process, Reply
 from gateway.ops.metricdefs import METRICS, SUPERVISOR_METRICS, Field, Merge, merge_of
 from gateway.ops.warmup import MAX_WARMUP_KEPT
 
@@ -439,14 +439,6 @@ class FleetAdmin:
         if owner is None or owner[0] != 200:
             return Reply(410, {"error": "worker 0 lost the job (restarted?)"})
         return Reply(200, self._job_view(job, owner[1]))
-
-
-class FanoutApi(AdminHttp):
-    """The admin HTTP surface over the workers (``AdminHttp(FleetAdmin(sup))``); the
-    constructor form the supervisor uses."""
-
-    def __init__(self, sup: Fleet) -> None:
-        super().__init__(FleetAdmin(sup))
 
 
 class _Families(Collector):

@@ -47,7 +47,8 @@ from gateway.drc import DuplicateRequestCache
 from gateway.exports import Export, ExportConfig
 from gateway.fastpath import FastPath
 from gateway.forward import OwnerLink, Router, serve_owner_link
-from gateway.ops.admin import AdminApi
+from gateway.ops.admin import LocalAdmin
+from gateway.ops.adminhttp import AdminHttp
 from gateway.ops.build import ExportBuilder, build
 from gateway.ops.config import ServerConfig, needs_rebuild, reload_plan
 from gateway.ops.configfile import ConfigErrors, load_config
@@ -120,7 +121,7 @@ class Server:
         self._link: OwnerLink | None = None
         self._registered_with_rpcbind = False
         self.gateway: Gateway | None = None
-        self.admin: AdminApi | None = None
+        self.admin: AdminHttp | None = None
         self.warmups: Warmups | None = None
         self.port = 0
         self.portmap_port = 0
@@ -212,11 +213,11 @@ class Server:
         listen = c.admin.listen
         if role is not None:
             # A worker's admin API is its supervisor's: on a private Unix socket.
-            admin = AdminApi(self, gw, self.metrics, self.warmups, self.clock)
+            admin = AdminHttp(LocalAdmin(self, gw, self.metrics, self.warmups, self.clock))
             await admin.start_unix(str(role.admin_socket))
             self.admin = admin
         elif listen:
-            admin = AdminApi(self, gw, self.metrics, self.warmups, self.clock)
+            admin = AdminHttp(LocalAdmin(self, gw, self.metrics, self.warmups, self.clock))
             self.metrics_port = await admin.start(listen)
             self.admin = admin
         self.started = True

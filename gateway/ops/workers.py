@@ -45,8 +45,9 @@ from typing import Any, Final
 
 import structlog
 
+from gateway.ops.adminhttp import AdminHttp
 from gateway.ops.config import ServerConfig
-from gateway.ops.fanout import FanoutApi
+from gateway.ops.fanout import FleetAdmin
 from gateway.ops.systemd import Notifier
 
 log = structlog.get_logger(__name__)
@@ -179,7 +180,7 @@ class Supervisor:
         self._held: list[socket.socket] = []
         self._monitors: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
-        self._admin: FanoutApi | None = None
+        self._admin: AdminHttp | None = None
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -214,7 +215,7 @@ class Supervisor:
         for w in self.workers:
             self._watch(w)
         if c.admin.listen:
-            api = FanoutApi(self)
+            api = AdminHttp(FleetAdmin(self))
             self.admin_port = await api.start(c.admin.listen)
             self._admin = api
         self.started = True

@@ -1,5 +1,5 @@
-"""``loadgen/gwmetrics.py`` reads only names the gateway exports today (``gateway/ops/metrics.py``
-declares them): no aliases for older gateways."""
+"""``loadgen/gwmetrics.py`` reads only names the gateway exports today (declared in
+``gateway/ops/metricdefs.py``): no aliases for older gateways."""
 
 from __future__ import annotations
 

@@ -191,7 +191,7 @@ def test_metrics_parsing_and_ratios() -> None:
     zero = gwmetrics.delta(d, d)
     assert set(zero.values()) == {0.0}
     assert gwmetrics.cache_ratios(zero) == {"data": None, "metadata": None}
-    # Only today's names are read (gateway/ops/metrics.py); earlier ones are not.
+    # Only today's names are read (gateway/ops/metricdefs.py); earlier ones are not.
     old = {"nfsgw_data_hits_total": 1.0, "nfsgw_data_misses_total": 3.0}
     assert gwmetrics.cache_ratios(old)["data"] is None
 

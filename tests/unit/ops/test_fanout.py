@@ -17,7 +17,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.ops.fanout import FanoutApi, FleetAdmin, merge_snapshots
+from gateway.ops.adminhttp import AdminHttp
+from gateway.ops.fanout import FleetAdmin, merge_snapshots
 
 
 @dataclass
@@ -162,12 +163,12 @@ def test_stats_snapshots_merge() -> None:
 
 
 async def test_fleet_routes_without_workers() -> None:
-    """The supervisor's HTTP surface (``FanoutApi`` = ``AdminHttp(FleetAdmin(...))``) while
+    """The supervisor's HTTP surface (``AdminHttp(FleetAdmin(...))``) while
     no worker answers: /healthz 200, /readyz 503 naming each, /v1/invalidate 502, an unknown
     warm-up 404; the token is the supervisor's."""
     w0, w1 = _Worker(_Role(0, True), 100, ready=False), _Worker(_Role(1), 101, ready=False)
     fleet = _Fleet([w0, w1], config=SimpleNamespace(admin=SimpleNamespace(token="tok")))
-    api = FanoutApi(fleet)  # type: ignore[arg-type]
+    api = AdminHttp(FleetAdmin(fleet))  # type: ignore[arg-type]
     port = await api.start("127.0.0.1:0")
     base, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer tok"}
     try:
