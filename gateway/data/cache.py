@@ -109,12 +109,10 @@ transport's in-flight cap).
 
 from __future__ import annotations
 
-import mmap
-import resource
 from collections import OrderedDict
-from typing import Final, TypeGuard
+from typing import Final
 
-from gateway import fastwire
+from gateway.data.mappings import is_mapping, mapped_size, mapping_limit, shared_buffer
 from gateway.data.sketch import FrequencySketch, key_hash
 from gateway.data.stats import DataStats
 
@@ -158,13 +156,6 @@ class _Shared:
         self.departed = 0
 
 
-def _shared_buffer(data: bytes | memoryview) -> bytes | None:
-    """The ``bytes`` ``data`` is a proper slice of, or None."""
-    if type(data) is memoryview and type(data.obj) is bytes and data.nbytes < len(data.obj):
-        return data.obj
-    return None
-
-
 _Entry = tuple[bytes | memoryview, int, int, int, bool, bool]
 """An entry: a plain tuple of untracked values, so the garbage collector stops following it
 after its first young collection (a class instance stays tracked: 200,000 cached files made
@@ -191,33 +182,6 @@ class _Table(dict):  # type: ignore[type-arg]
 
 def _moved(e: _Entry, seg: int) -> _Entry:
     return (e[0], e[1], seg, e[3], e[4], e[5])
-
-
-def mapping_limit() -> int:
-    """How many mappings a cache may hold: half the kernel's per-process limit on memory
-    areas (``vm.max_map_count``, 65,530 by default; the interpreter and its libraries use a
-    few hundred), at most 32,768; with the Python twin's ``mmap.mmap`` also a quarter of the
-    open-file limit. A mapping the kernel refuses anyway is read as a copy."""
-    try:
-        with open("/proc/sys/vm/max_map_count", encoding="ascii") as f:
-            limit = int(f.read())
-    except (OSError, ValueError):
-        limit = 65_530
-    if fastwire.mapping_fds():  # mmap.mmap keeps a descriptor per mapping: a quarter of them
-        limit = min(limit, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
-    return max(0, min(32_768, limit // 2))
-
-
-def mapped_size(view: memoryview) -> int:
-    """The pages behind ``view``, a slice of a file mapping (``is_mapping``): the whole
-    mapping (the entry's header and body), rounded up to whole pages, is what it holds
-    resident."""
-    return -(-memoryview(view.obj).nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
-
-
-def is_mapping(data: bytes | memoryview) -> TypeGuard[memoryview]:
-    """Whether ``data`` is (a slice of) a file mapping: a shared disk-tier entry's pages."""
-    return type(data) is memoryview and isinstance(data.obj, fastwire.mapping_types())
 
 
 class DataCache:
@@ -389,7 +353,7 @@ class DataCache:
         if is_mapping(data):
             self._mapped += len(data)
             self._mappings += 1
-        elif (buf := _shared_buffer(data)) is not None:
+        elif (buf := shared_buffer(data)) is not None:
             self._hold_slice(bkey, buf, len(data))
         obj = (bkey[0], bkey[1])
         keys = self._by_object.get(obj)
@@ -465,7 +429,7 @@ class DataCache:
 
     def _let_go(self, bkey: BlockKey, data: bytes | memoryview) -> None:
         """``bkey``'s entry, ``data``, leaves the cache (or is replaced)."""
-        buf = _shared_buffer(data)
+        buf = shared_buffer(data)
         if buf is None:
             return
         sh = self._shared.get(id(buf))

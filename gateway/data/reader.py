@@ -71,15 +71,28 @@ from gateway.backend.base import (
     ObjectStore,
     PreconditionFailed,
 )
-from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, BlockKey, DataCache, is_mapping
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, BlockKey, DataCache
 from gateway.data.config import DataConfig
-from gateway.data.disk import DiskKey, DiskStore, disk_key
+from gateway.data.disk import DiskStore, disk_key
 from gateway.data.events import FileOpened
+from gateway.data.fetches import (
+    Fetch,
+    ObjectStreams,
+    Pending,
+    Stream,
+    block_runs,
+    first_missing,
+    is_group_slice,
+    keepable,
+    mark_retrieved,
+    same_etag,
+)
+from gateway.data.mappings import is_mapping
 from gateway.data.slots import FetchSlots
 from gateway.data.stats import DataStats
 from gateway.errors import IoError, VersionChanged
 
-__all__ = ["DataConfig", "ObjectReader", "Version", "block_runs", "same_etag"]
+__all__ = ["DataConfig", "ObjectReader", "Version"]
 
 MiB = 1024 * 1024
 
@@ -95,124 +108,6 @@ class Version(Protocol):
 
 
 V = TypeVar("V", bound=Version)
-
-
-class _Fetch:
-    """One backend GET covering ``blocks`` (consecutive) of one object version."""
-
-    __slots__ = (
-        "store",
-        "key",
-        "etag",
-        "size",
-        "start",
-        "origin",
-        "end",
-        "blocks",
-        "demand",
-        "slot_ra",
-        "waiter",
-        "cacheable",
-        "nbytes",
-        "ra_bytes",
-        "task",
-        "skip",
-        "dkeys",
-        "ahead",
-    )
-
-    def __init__(
-        self, store: ObjectStore, key: str, etag: str, size: int, start: int, end: int | None
-    ) -> None:
-        self.store = store
-        self.key = key
-        self.etag = etag
-        self.size = size
-        self.start = start
-        self.origin = start  # ``start`` before the disk tier narrowed the span
-        self.end = end  # None: the whole object, no Range header
-        self.blocks: list[tuple[BlockKey, _Pending, int, int]] = []
-        self.demand = False
-        self.slot_ra = False
-        self.waiter: asyncio.Future[None] | None = None
-        self.cacheable = True
-        self.nbytes = (size if end is None else end) - start
-        self.ra_bytes = 0  # counted in ObjectReader._ra_inflight_bytes until it finishes
-        self.task: asyncio.Task[None] | None = None
-        self.skip = 0  # the GET starts this far into the span (blocks found on disk)
-        self.dkeys: list[DiskKey] = []  # the disk tier's key of each block
-        self.ahead = False  # the data prefetcher's (``prefetch``)
-
-
-class _Pending:
-    __slots__ = ("future", "fetch", "demanded")
-
-    def __init__(
-        self, future: asyncio.Future[bytes | memoryview], fetch: _Fetch, demanded: bool
-    ) -> None:
-        self.future = future
-        self.fetch = fetch
-        self.demanded = demanded
-
-
-class _Stream:
-    __slots__ = ("next_offset", "window", "ra_end")
-
-    def __init__(self, next_offset: int, window: int, ra_end: int) -> None:
-        self.next_offset = next_offset  # highest end of the READs that matched
-        self.window = window  # 0: not sequential (yet)
-        self.ra_end = ra_end  # blocks below this are cached, in flight or demanded
-
-
-class _ObjectStreams:
-    __slots__ = ("etag", "streams")
-
-    def __init__(self, etag: str) -> None:
-        self.etag = etag
-        self.streams: list[_Stream] = []
-
-
-def _retrieve(fut: asyncio.Future[bytes | memoryview]) -> None:
-    # Mark a failed block future's exception as retrieved: read-ahead blocks nobody waited for
-    # must not log "Future exception was never retrieved".
-    if not fut.cancelled():
-        fut.exception()
-
-
-def block_runs(blocks: list[int], max_n: int) -> list[tuple[int, int]]:
-    """Sorted block indexes -> (first, count) runs of consecutive blocks, <= max_n long."""
-    runs: list[tuple[int, int]] = []
-    for b in blocks:
-        if runs and runs[-1][0] + runs[-1][1] == b and runs[-1][1] < max_n:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((b, 1))
-    return runs
-
-
-def _first_missing(f: _Fetch) -> int:
-    """The index of ``f``'s first block not yet answered (by the disk tier)."""
-    return next((i for i, (_, p, _, _) in enumerate(f.blocks) if not p.future.done()), 0)
-
-
-def _kept(body: bytes | memoryview | bytearray) -> bytes | memoryview:
-    """A GET's body as the cache may keep it: ``bytes``, a view of ``bytes`` (a pack member:
-    a slice of its group's buffer) or a mapping of the disk tier as they are; any other
-    buffer (its owner may reuse it) copied."""
-    if type(body) is bytes:
-        return body
-    if type(body) is memoryview and (type(body.obj) is bytes or is_mapping(body)):
-        return body
-    return bytes(body)
-
-
-def _group_slice(body: bytes | memoryview) -> bool:
-    """A view of ``bytes``: a pack member, a slice of its group's buffer (``_kept``)."""
-    return type(body) is memoryview and type(body.obj) is bytes
-
-
-def same_etag(a: str, b: str) -> bool:
-    return a == b or a.strip('"') == b.strip('"')
 
 
 class _Callback:
@@ -239,10 +134,10 @@ class ObjectReader:
         self._opened = opened if opened is not None else FileOpened()
         self._cfg = cfg = config if config is not None else DataConfig()
         self.stats = stats if stats is not None else cache.stats
-        self._inflight: dict[BlockKey, _Pending] = {}
-        self._fetches: set[_Fetch] = set()
+        self._inflight: dict[BlockKey, Pending] = {}
+        self._fetches: set[Fetch] = set()
         self._slots = FetchSlots(cfg.max_inflight_fetches, cfg.max_readahead_fetches, self.stats)
-        self._streams: OrderedDict[tuple[str, str], _ObjectStreams] = OrderedDict()
+        self._streams: OrderedDict[tuple[str, str], ObjectStreams] = OrderedDict()
         self._ra_inflight_bytes = 0
         self.warming: dict[tuple[str, str, str], asyncio.Future[tuple[str, int]]] = {}
         """Object versions being written to the disk tier by ``warm.warm_object`` (its
@@ -508,13 +403,13 @@ class ObjectReader:
     ) -> list[asyncio.Future[bytes | memoryview]]:
         loop = asyncio.get_running_loop()
         if size <= self._cfg.small_file_max:
-            f = _Fetch(store, key, etag, size, 0, None)
+            f = Fetch(store, key, etag, size, 0, None)
             spans = [(0, size)]
         else:
             bs = self._cfg.block_size
             start = first * bs
             stop = min((first + n) * bs, size)
-            f = _Fetch(store, key, etag, size, start, stop)
+            f = Fetch(store, key, etag, size, start, stop)
             spans = [
                 (b * bs - start, min((b + 1) * bs, size) - start) for b in range(first, first + n)
             ]
@@ -524,8 +419,8 @@ class ObjectReader:
         for i, (lo, hi) in enumerate(spans):
             bkey = (store.name, key, etag, first + i)
             fut: asyncio.Future[bytes | memoryview] = loop.create_future()
-            fut.add_done_callback(_retrieve)
-            p = _Pending(fut, f, demand)
+            fut.add_done_callback(mark_retrieved)
+            p = Pending(fut, f, demand)
             self._inflight[bkey] = p
             f.blocks.append((bkey, p, lo, hi))
             futs.append(fut)
@@ -540,7 +435,7 @@ class ObjectReader:
         f.task = loop.create_task(self._run_fetch(f), name=f"datafetch:{key}")
         return futs
 
-    async def _run_fetch(self, f: _Fetch) -> None:
+    async def _run_fetch(self, f: Fetch) -> None:
         stats = self.stats
         disk = self._disk
         claim = None
@@ -550,7 +445,7 @@ class ObjectReader:
                     return
                 if disk.shared:
                     # Another worker may be fetching it: wait for its entry, not a 2nd GET.
-                    claim = await disk.claim(f.dkeys[_first_missing(f)])
+                    claim = await disk.claim(f.dkeys[first_missing(f)])
                     if claim.present and await self._from_disk(disk, f):
                         return
             await self._slots.acquire(f)
@@ -571,7 +466,7 @@ class ObjectReader:
                 raise BackendError(f"{f.key}: got {len(res.data)} B for a {want} B range")
             stats.bytes_fetched += want
             body = res.data
-            writes = self._deliver(f, _kept(body))
+            writes = self._deliver(f, keepable(body))
             if claim is not None and claim.fd >= 0 and writes:
                 # The claim holds until the entries are in place: a waiting worker then
                 # reads them instead of fetching (the READs were answered already).
@@ -591,7 +486,7 @@ class ObjectReader:
                 claim.release()
             self._finish(f)
 
-    async def _from_disk(self, disk: DiskStore, f: _Fetch) -> bool:
+    async def _from_disk(self, disk: DiskStore, f: Fetch) -> bool:
         """Serve the blocks of ``f`` the disk tier holds (those not served yet); True when
         that was all of them, else ``f`` is narrowed to the span from the first to the last
         missing block."""
@@ -620,7 +515,7 @@ class ObjectReader:
             f.start, f.end = base + missing[0][0], base + missing[-1][1]
         return False
 
-    def _deliver(self, f: _Fetch, data: bytes | memoryview) -> list[asyncio.Task[bool]]:
+    def _deliver(self, f: Fetch, data: bytes | memoryview) -> list[asyncio.Task[bool]]:
         """Answer the waiters of ``f``, cache the blocks and publish them to the disk tier;
         the publishing tasks (a shared tier then swaps each cached copy for a mapping)."""
         disk = self._disk if f.cacheable and f.dkeys else None
@@ -636,7 +531,7 @@ class ObjectReader:
             on_disk = is_mapping(chunk)  # the disk tier's own entry (a pack's shared group)
             # A pack member (a view of its group's buffer) that one worker keeps in memory is
             # not written to its disk tier, as ``deposit`` does for the member's neighbours.
-            unless_kept = disk is not None and not disk.shared and _group_slice(chunk)
+            unless_kept = disk is not None and not disk.shared and is_group_slice(chunk)
             if disk is not None and not on_disk and not unless_kept and disk.admit(f.dkeys[i]):
                 swap = None
                 if disk.shared:
@@ -657,7 +552,7 @@ class ObjectReader:
         return writes
 
     def _insert(
-        self, f: _Fetch, bkey: BlockKey, p: _Pending, data: bytes | memoryview, on_disk: bool
+        self, f: Fetch, bkey: BlockKey, p: Pending, data: bytes | memoryview, on_disk: bool
     ) -> bool:
         """Whether the memory tier kept it."""
         unread = not p.demanded
@@ -673,7 +568,7 @@ class ObjectReader:
             self.stats.ahead_dropped += 1
         return kept
 
-    def _fail(self, f: _Fetch, exc: BaseException | None) -> None:
+    def _fail(self, f: Fetch, exc: BaseException | None) -> None:
         for _, p, _, _ in f.blocks:
             if p.future.done():
                 continue
@@ -682,11 +577,11 @@ class ObjectReader:
             else:
                 p.future.set_exception(exc)
 
-    def _finish(self, f: _Fetch) -> None:
+    def _finish(self, f: Fetch) -> None:
         for bkey, p, _, _ in f.blocks:
             if self._inflight.get(bkey) is p:
                 del self._inflight[bkey]
-        # Each _Pending points back at its fetch: break that cycle now, or the blocks (private
+        # Each Pending points back at its fetch: break that cycle now, or the blocks (private
         # copies, or mappings of disk-tier files) would stay alive, past the cache's budget,
         # until the garbage collector's next full pass.
         f.blocks.clear()
@@ -706,14 +601,14 @@ class ObjectReader:
         okey = (store.name, key)
         objs = self._streams.get(okey)
         if objs is None or objs.etag != etag:
-            objs = _ObjectStreams(etag)
+            objs = ObjectStreams(etag)
             self._streams[okey] = objs
             if len(self._streams) > cfg.max_streams:
                 self._streams.popitem(last=False)
         self._streams.move_to_end(okey)
         streams = objs.streams
         aligned_end = min(-(-end // bs) * bs, size)
-        s: _Stream | None = None
+        s: Stream | None = None
         for i, cand in enumerate(streams):
             # A stream not yet sequential needs an exact continuation; an established one
             # tolerates the small reordering and skips of parallel client READs.
@@ -725,7 +620,7 @@ class ObjectReader:
                     streams.insert(0, s)
                 break
         if s is None:
-            s = _Stream(end, cfg.initial_readahead if offset == 0 else 0, aligned_end)
+            s = Stream(end, cfg.initial_readahead if offset == 0 else 0, aligned_end)
             streams.insert(0, s)
             del streams[cfg.max_streams_per_object :]
         else:
