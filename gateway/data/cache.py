@@ -203,7 +203,7 @@ class DataCache:
         if not 0.0 < window_fraction < 1.0 or not 0.0 <= prefetch_fraction < 1.0:
             raise ValueError("window_fraction must be in (0, 1), prefetch_fraction in [0, 1)")
         self.stats = stats if stats is not None else DataStats()
-        self._budget = budget_bytes
+        self.budget_bytes: Final = budget_bytes
         self._shared_by = shared_by
         self._mapped = 0  # body bytes of entries that are mappings
         self._mappings = 0  # entries that are mappings (each one a kernel VMA)
@@ -211,7 +211,7 @@ class DataCache:
         """Mappings this cache may hold: a disk hit past it is read as a copy."""
         self._window_share = int(budget_bytes * window_fraction)
         self._window_target = self._window_share
-        self._prefetch_cap = int(budget_bytes * prefetch_fraction)
+        self.prefetch_cap_bytes: Final = int(budget_bytes * prefetch_fraction)
         self._entries: dict[BlockKey, _Entry] = _Table()
         # (store, key) -> its block, or a set of them when it has several (a large object):
         # no per-entry set for the garbage collector to follow.
@@ -238,10 +238,6 @@ class DataCache:
     # -- introspection -------------------------------------------------------------------
 
     @property
-    def budget_bytes(self) -> int:
-        return self._budget
-
-    @property
     def used_bytes(self) -> int:
         return (
             self._window_bytes
@@ -255,10 +251,6 @@ class DataCache:
     def mappings(self) -> int:
         """Entries that are mappings of disk-tier files."""
         return self._mappings
-
-    @property
-    def prefetch_cap_bytes(self) -> int:
-        return self._prefetch_cap
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -332,7 +324,7 @@ class DataCache:
         if bkey in self._entries:
             return False
         charge = self.charge_of(data)
-        if charge > self._budget or (prefetched and charge > self._prefetch_cap):
+        if charge > self.budget_bytes or (prefetched and charge > self.prefetch_cap_bytes):
             self.stats.uncacheable += 1
             return False
         if ahead:
@@ -365,7 +357,7 @@ class DataCache:
             self._by_object[obj] = {keys, bkey}
         self._sketch.ensure_capacity(len(self._entries))
         if prefetched:
-            while self._prefetch_bytes > self._prefetch_cap:
+            while self._prefetch_bytes > self.prefetch_cap_bytes:
                 self._demote_oldest_prefetch()
         self._rebalance()
         self._update_gauges()
@@ -458,7 +450,7 @@ class DataCache:
     def room_for(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit while the window's share stays free, after evicting
         spent entries (oldest first) if needed; nothing else is evicted."""
-        limit = self._budget - self._window_share
+        limit = self.budget_bytes - self._window_share
         while self.used_bytes + nbytes > limit and self._spent:
             k, e = self._spent.popitem(last=False)
             self._spent_bytes -= e[_CHARGE]
@@ -502,7 +494,7 @@ class DataCache:
         if n:  # at least WINDOW_MIN_ENTRIES entries of the mean size: see "Window size"
             mean = self.used_bytes // n
             self._window_target = max(
-                self._window_share, min(self._budget // 8, WINDOW_MIN_ENTRIES * mean)
+                self._window_share, min(self.budget_bytes // 8, WINDOW_MIN_ENTRIES * mean)
             )
         while self._window_bytes > self._window_target and len(window) > 1:
             k, e = window.popitem(last=False)
@@ -511,7 +503,7 @@ class DataCache:
         # The window may still push the total over budget (it grew while main was full):
         # keep shrinking it through the same duel, so main never loses an entry for free.
         # Spent entries go first: this pass will not read them again.
-        while self.used_bytes > self._budget:
+        while self.used_bytes > self.budget_bytes:
             if self._spent:
                 k, e = self._spent.popitem(last=False)
                 self._spent_bytes -= e[_CHARGE]
@@ -544,7 +536,7 @@ class DataCache:
             self._spent_bytes += charge
             return
         main = self._main
-        need = self.used_bytes + charge - self._budget
+        need = self.used_bytes + charge - self.budget_bytes
         if need > 0:
             freed = 0
             victims: list[BlockKey] = []
