@@ -4,10 +4,12 @@ block cache (DESIGN §3 "Read coalescing", "Data cache").
 Owns: object bytes between the backend and the READ handler. Must not: know about NFS, file
 handles or attributes (callers pass ``(store, key, etag, size)``), or block the event loop.
 
-``cache.py`` stores and evicts (memory tier), ``disk.py`` and ``diskfile.py`` the disk tier
-shared by the worker processes, ``reader.py`` fetches (``slots.py`` bounds its GETs,
-``warm.py`` fills the disk tier for warm-ups), ``sketch.py`` counts, ``stats.py`` exposes
-counters for ``gateway.ops.metrics``.
+``cache.py`` stores and evicts (memory tier; ``mappings.py``: the slices and file mappings it
+holds), ``disk.py`` and ``diskfile.py`` the disk tier shared by the worker processes,
+``reader.py`` fetches (``fetches.py`` its bookkeeping, ``slots.py`` bounds its GETs,
+``warm.py`` fills the disk tier for warm-ups) and tells ``events.FileOpened`` of READs (the
+prefetcher, ``prefetch.py``, listens), ``sketch.py`` counts, ``stats.py`` exposes counters
+for ``gateway.ops.metrics``.
 """
 
 from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, BlockKey, DataCache

@@ -109,12 +109,10 @@ transport's in-flight cap).
 
 from __future__ import annotations
 
-import mmap
-import resource
 from collections import OrderedDict
-from typing import Final, TypeGuard
+from typing import Final
 
-from gateway import fastwire
+from gateway.data.mappings import is_mapping, mapped_size, mapping_limit, shared_buffer
 from gateway.data.sketch import FrequencySketch, key_hash
 from gateway.data.stats import DataStats
 
@@ -158,13 +156,6 @@ class _Shared:
         self.departed = 0
 
 
-def _shared_buffer(data: bytes | memoryview) -> bytes | None:
-    """The ``bytes`` ``data`` is a proper slice of, or None."""
-    if type(data) is memoryview and type(data.obj) is bytes and data.nbytes < len(data.obj):
-        return data.obj
-    return None
-
-
 _Entry = tuple[bytes | memoryview, int, int, int, bool, bool]
 """An entry: a plain tuple of untracked values, so the garbage collector stops following it
 after its first young collection (a class instance stays tracked: 200,000 cached files made
@@ -193,33 +184,6 @@ def _moved(e: _Entry, seg: int) -> _Entry:
     return (e[0], e[1], seg, e[3], e[4], e[5])
 
 
-def mapping_limit() -> int:
-    """How many mappings a cache may hold: half the kernel's per-process limit on memory
-    areas (``vm.max_map_count``, 65,530 by default; the interpreter and its libraries use a
-    few hundred), at most 32,768; with the Python twin's ``mmap.mmap`` also a quarter of the
-    open-file limit. A mapping the kernel refuses anyway is read as a copy."""
-    try:
-        with open("/proc/sys/vm/max_map_count", encoding="ascii") as f:
-            limit = int(f.read())
-    except (OSError, ValueError):
-        limit = 65_530
-    if fastwire.mapping_fds():  # mmap.mmap keeps a descriptor per mapping: a quarter of them
-        limit = min(limit, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
-    return max(0, min(32_768, limit // 2))
-
-
-def mapped_size(view: memoryview) -> int:
-    """The pages behind ``view``, a slice of a file mapping (``is_mapping``): the whole
-    mapping (the entry's header and body), rounded up to whole pages, is what it holds
-    resident."""
-    return -(-memoryview(view.obj).nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
-
-
-def is_mapping(data: bytes | memoryview) -> TypeGuard[memoryview]:
-    """Whether ``data`` is (a slice of) a file mapping: a shared disk-tier entry's pages."""
-    return type(data) is memoryview and isinstance(data.obj, fastwire.mapping_types())
-
-
 class DataCache:
     """Byte-budgeted block cache. Synchronous; called only from the event loop."""
 
@@ -239,7 +203,7 @@ class DataCache:
         if not 0.0 < window_fraction < 1.0 or not 0.0 <= prefetch_fraction < 1.0:
             raise ValueError("window_fraction must be in (0, 1), prefetch_fraction in [0, 1)")
         self.stats = stats if stats is not None else DataStats()
-        self._budget = budget_bytes
+        self.budget_bytes: Final = budget_bytes
         self._shared_by = shared_by
         self._mapped = 0  # body bytes of entries that are mappings
         self._mappings = 0  # entries that are mappings (each one a kernel VMA)
@@ -247,7 +211,7 @@ class DataCache:
         """Mappings this cache may hold: a disk hit past it is read as a copy."""
         self._window_share = int(budget_bytes * window_fraction)
         self._window_target = self._window_share
-        self._prefetch_cap = int(budget_bytes * prefetch_fraction)
+        self.prefetch_cap_bytes: Final = int(budget_bytes * prefetch_fraction)
         self._entries: dict[BlockKey, _Entry] = _Table()
         # (store, key) -> its block, or a set of them when it has several (a large object):
         # no per-entry set for the garbage collector to follow.
@@ -274,10 +238,6 @@ class DataCache:
     # -- introspection -------------------------------------------------------------------
 
     @property
-    def budget_bytes(self) -> int:
-        return self._budget
-
-    @property
     def used_bytes(self) -> int:
         return (
             self._window_bytes
@@ -291,10 +251,6 @@ class DataCache:
     def mappings(self) -> int:
         """Entries that are mappings of disk-tier files."""
         return self._mappings
-
-    @property
-    def prefetch_cap_bytes(self) -> int:
-        return self._prefetch_cap
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -368,7 +324,7 @@ class DataCache:
         if bkey in self._entries:
             return False
         charge = self.charge_of(data)
-        if charge > self._budget or (prefetched and charge > self._prefetch_cap):
+        if charge > self.budget_bytes or (prefetched and charge > self.prefetch_cap_bytes):
             self.stats.uncacheable += 1
             return False
         if ahead:
@@ -389,7 +345,7 @@ class DataCache:
         if is_mapping(data):
             self._mapped += len(data)
             self._mappings += 1
-        elif (buf := _shared_buffer(data)) is not None:
+        elif (buf := shared_buffer(data)) is not None:
             self._hold_slice(bkey, buf, len(data))
         obj = (bkey[0], bkey[1])
         keys = self._by_object.get(obj)
@@ -401,7 +357,7 @@ class DataCache:
             self._by_object[obj] = {keys, bkey}
         self._sketch.ensure_capacity(len(self._entries))
         if prefetched:
-            while self._prefetch_bytes > self._prefetch_cap:
+            while self._prefetch_bytes > self.prefetch_cap_bytes:
                 self._demote_oldest_prefetch()
         self._rebalance()
         self._update_gauges()
@@ -465,7 +421,7 @@ class DataCache:
 
     def _let_go(self, bkey: BlockKey, data: bytes | memoryview) -> None:
         """``bkey``'s entry, ``data``, leaves the cache (or is replaced)."""
-        buf = _shared_buffer(data)
+        buf = shared_buffer(data)
         if buf is None:
             return
         sh = self._shared.get(id(buf))
@@ -494,7 +450,7 @@ class DataCache:
     def room_for(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit while the window's share stays free, after evicting
         spent entries (oldest first) if needed; nothing else is evicted."""
-        limit = self._budget - self._window_share
+        limit = self.budget_bytes - self._window_share
         while self.used_bytes + nbytes > limit and self._spent:
             k, e = self._spent.popitem(last=False)
             self._spent_bytes -= e[_CHARGE]
@@ -538,7 +494,7 @@ class DataCache:
         if n:  # at least WINDOW_MIN_ENTRIES entries of the mean size: see "Window size"
             mean = self.used_bytes // n
             self._window_target = max(
-                self._window_share, min(self._budget // 8, WINDOW_MIN_ENTRIES * mean)
+                self._window_share, min(self.budget_bytes // 8, WINDOW_MIN_ENTRIES * mean)
             )
         while self._window_bytes > self._window_target and len(window) > 1:
             k, e = window.popitem(last=False)
@@ -547,7 +503,7 @@ class DataCache:
         # The window may still push the total over budget (it grew while main was full):
         # keep shrinking it through the same duel, so main never loses an entry for free.
         # Spent entries go first: this pass will not read them again.
-        while self.used_bytes > self._budget:
+        while self.used_bytes > self.budget_bytes:
             if self._spent:
                 k, e = self._spent.popitem(last=False)
                 self._spent_bytes -= e[_CHARGE]
@@ -580,7 +536,7 @@ class DataCache:
             self._spent_bytes += charge
             return
         main = self._main
-        need = self.used_bytes + charge - self._budget
+        need = self.used_bytes + charge - self.budget_bytes
         if need > 0:
             freed = 0
             victims: list[BlockKey] = []

@@ -217,7 +217,7 @@ class DiskStore:
         """Several processes use the tier: bodies are mappings, fetches are claimed."""
         self.config = config
         self.stats = stats
-        self._budget = budget
+        self.budget_bytes: Final = budget
         self._min_free = min_free
         self._ex = executor
         self._used = 0
@@ -298,16 +298,12 @@ class DiskStore:
     # -- introspection ---------------------------------------------------------------------
 
     @property
-    def budget_bytes(self) -> int:
-        return self._budget
-
-    @property
     def used_bytes(self) -> int:
         return self._used
 
     def has_room(self, charge: int) -> bool:
         """Whether ``charge`` more bytes fit in the budget without evicting anything."""
-        return self._used + charge <= self._budget
+        return self._used + charge <= self.budget_bytes
 
     def takes(self, nbytes: int) -> bool:
         """Whether ``nbytes`` of new entries would be written now: room in the budget
@@ -315,7 +311,7 @@ class DiskStore:
         (``max_pending_write_bytes``), and no recent write error holding writes off."""
         return (
             not self._closed
-            and self._used + nbytes <= self._budget
+            and self._used + nbytes <= self.budget_bytes
             and self._clock.monotonic() >= self._refuse_until
             and self._fs_free - nbytes >= self._min_free
             and self._pending + nbytes <= self.config.max_pending_write_bytes
@@ -397,7 +393,7 @@ class DiskStore:
         its room. Synchronous, on the loop; call ``publish`` next when True."""
         if not self._writable(k):
             return False
-        need = self._used + k.charge - self._budget
+        need = self._used + k.charge - self.budget_bytes
         if need > 0 and not self._make_room(k, need):
             return False
         self._reserve(k)
@@ -428,7 +424,7 @@ class DiskStore:
         """Warm-up's write: never evicts. "written", "present" (another process published
         it meanwhile), "budget" (the tier is full: stop), "refused" (floor, backlog or a
         recent error) or "error"."""
-        if self._used + k.charge > self._budget:
+        if self._used + k.charge > self.budget_bytes:
             self.stats.refused_budget += 1
             return "budget"
         if not self._writable(k):
@@ -473,7 +469,7 @@ class DiskStore:
         sketch = self._sketch
         if (
             freed < need
-            or k.charge > self._budget
+            or k.charge > self.budget_bytes
             or sketch.estimate(k.hash64) - 1
             <= max(sketch.estimate(int(v[1][:16], 16)) for v in victims)
         ):
@@ -545,7 +541,7 @@ class DiskStore:
     async def _shrink(self) -> None:
         """Evict the oldest entries until the tier is at ``LOW_WATER`` of its budget (the
         other workers wrote more than this process accounted for)."""
-        target = int(self._budget * LOW_WATER)
+        target = int(self.budget_bytes * LOW_WATER)
         victims: list[tuple[int, str, int]] = []
         freed = 0
         while self._oldest and self._used - freed > target:
@@ -562,7 +558,9 @@ class DiskStore:
         self.stats.evictions += len(charges)
         self.stats.evicted_bytes += sum(charges)
         self.stats.entries -= len(charges)
-        log.info("disk_cache_shrunk", evicted=len(charges), used=self._used, budget=self._budget)
+        log.info(
+            "disk_cache_shrunk", evicted=len(charges), used=self._used, budget=self.budget_bytes
+        )
         self._gauges()
 
     def _apply_scan(self, sc: files.Scan) -> None:
@@ -601,11 +599,11 @@ class DiskStore:
             try:
                 await self.flush_touches()
                 now = self._clock.monotonic()
-                written = self._written_since_scan > self._budget * RESCAN_WRITTEN_SHARE
+                written = self._written_since_scan > self.budget_bytes * RESCAN_WRITTEN_SHARE
                 if now >= next_scan or written:
                     took = await self.rescan()
                     next_scan = now + max(cfg.rescan_interval_s, 20 * took)
-                if self._used > self._budget:
+                if self._used > self.budget_bytes:
                     await self._shrink()
             except OSError as e:  # the directory went away, a disk error: keep trying
                 self._log_error("disk_cache_maintenance_failed", e)

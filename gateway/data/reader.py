@@ -63,7 +63,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from gateway.backend.base import (
     BackendError,
@@ -71,15 +71,28 @@ from gateway.backend.base import (
     ObjectStore,
     PreconditionFailed,
 )
-from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, BlockKey, DataCache, is_mapping
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, BlockKey, DataCache
 from gateway.data.config import DataConfig
-from gateway.data.disk import DiskKey, DiskStore, disk_key
+from gateway.data.disk import DiskStore, disk_key
 from gateway.data.events import FileOpened
+from gateway.data.fetches import (
+    Fetch,
+    ObjectStreams,
+    Pending,
+    Stream,
+    block_runs,
+    first_missing,
+    is_group_slice,
+    keepable,
+    mark_retrieved,
+    same_etag,
+)
+from gateway.data.mappings import is_mapping
 from gateway.data.slots import FetchSlots
 from gateway.data.stats import DataStats
 from gateway.errors import IoError, VersionChanged
 
-__all__ = ["DataConfig", "ObjectReader", "Version", "block_runs", "same_etag"]
+__all__ = ["DataConfig", "ObjectReader", "Version"]
 
 MiB = 1024 * 1024
 
@@ -95,124 +108,6 @@ class Version(Protocol):
 
 
 V = TypeVar("V", bound=Version)
-
-
-class _Fetch:
-    """One backend GET covering ``blocks`` (consecutive) of one object version."""
-
-    __slots__ = (
-        "store",
-        "key",
-        "etag",
-        "size",
-        "start",
-        "origin",
-        "end",
-        "blocks",
-        "demand",
-        "slot_ra",
-        "waiter",
-        "cacheable",
-        "nbytes",
-        "ra_bytes",
-        "task",
-        "skip",
-        "dkeys",
-        "ahead",
-    )
-
-    def __init__(
-        self, store: ObjectStore, key: str, etag: str, size: int, start: int, end: int | None
-    ) -> None:
-        self.store = store
-        self.key = key
-        self.etag = etag
-        self.size = size
-        self.start = start
-        self.origin = start  # ``start`` before the disk tier narrowed the span
-        self.end = end  # None: the whole object, no Range header
-        self.blocks: list[tuple[BlockKey, _Pending, int, int]] = []
-        self.demand = False
-        self.slot_ra = False
-        self.waiter: asyncio.Future[None] | None = None
-        self.cacheable = True
-        self.nbytes = (size if end is None else end) - start
-        self.ra_bytes = 0  # counted in ObjectReader._ra_inflight_bytes until it finishes
-        self.task: asyncio.Task[None] | None = None
-        self.skip = 0  # the GET starts this far into the span (blocks found on disk)
-        self.dkeys: list[DiskKey] = []  # the disk tier's key of each block
-        self.ahead = False  # the data prefetcher's (``prefetch``)
-
-
-class _Pending:
-    __slots__ = ("future", "fetch", "demanded")
-
-    def __init__(
-        self, future: asyncio.Future[bytes | memoryview], fetch: _Fetch, demanded: bool
-    ) -> None:
-        self.future = future
-        self.fetch = fetch
-        self.demanded = demanded
-
-
-class _Stream:
-    __slots__ = ("next_offset", "window", "ra_end")
-
-    def __init__(self, next_offset: int, window: int, ra_end: int) -> None:
-        self.next_offset = next_offset  # highest end of the READs that matched
-        self.window = window  # 0: not sequential (yet)
-        self.ra_end = ra_end  # blocks below this are cached, in flight or demanded
-
-
-class _ObjectStreams:
-    __slots__ = ("etag", "streams")
-
-    def __init__(self, etag: str) -> None:
-        self.etag = etag
-        self.streams: list[_Stream] = []
-
-
-def _retrieve(fut: asyncio.Future[bytes | memoryview]) -> None:
-    # Mark a failed block future's exception as retrieved: read-ahead blocks nobody waited for
-    # must not log "Future exception was never retrieved".
-    if not fut.cancelled():
-        fut.exception()
-
-
-def block_runs(blocks: list[int], max_n: int) -> list[tuple[int, int]]:
-    """Sorted block indexes -> (first, count) runs of consecutive blocks, <= max_n long."""
-    runs: list[tuple[int, int]] = []
-    for b in blocks:
-        if runs and runs[-1][0] + runs[-1][1] == b and runs[-1][1] < max_n:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((b, 1))
-    return runs
-
-
-def _first_missing(f: _Fetch) -> int:
-    """The index of ``f``'s first block not yet answered (by the disk tier)."""
-    return next((i for i, (_, p, _, _) in enumerate(f.blocks) if not p.future.done()), 0)
-
-
-def _kept(body: bytes | memoryview | bytearray) -> bytes | memoryview:
-    """A GET's body as the cache may keep it: ``bytes``, a view of ``bytes`` (a pack member:
-    a slice of its group's buffer) or a mapping of the disk tier as they are; any other
-    buffer (its owner may reuse it) copied."""
-    if type(body) is bytes:
-        return body
-    if type(body) is memoryview and (type(body.obj) is bytes or is_mapping(body)):
-        return body
-    return bytes(body)
-
-
-def _group_slice(body: bytes | memoryview) -> bool:
-    """A view of ``bytes``: a pack member, a slice of its group's buffer (``_kept``)."""
-    return type(body) is memoryview and type(body.obj) is bytes
-
-
-def same_etag(a: str, b: str) -> bool:
-    return a == b or a.strip('"') == b.strip('"')
 
 
 class _Callback:
@@ -234,20 +129,28 @@ class ObjectReader:
         *,
         opened: FileOpened | None = None,
     ) -> None:
-        self._cache = cache
-        self._disk = disk
-        self._opened = opened if opened is not None else FileOpened()
-        self._cfg = cfg = config if config is not None else DataConfig()
+        self.cache: Final = cache
+        self.disk: Final = disk
+        self.opened: Final = opened if opened is not None else FileOpened()
+        """Told (store name, key, memory hit) at every READ at offset 0 of a small object
+        (the data prefetcher's record of what this pass has read, and of whether READs find
+        their files in memory)."""
+        self.config: Final = config if config is not None else DataConfig()
+        cfg = self.config
         self.stats = stats if stats is not None else cache.stats
-        self._inflight: dict[BlockKey, _Pending] = {}
-        self._fetches: set[_Fetch] = set()
-        self._slots = FetchSlots(cfg.max_inflight_fetches, cfg.max_readahead_fetches, self.stats)
-        self._streams: OrderedDict[tuple[str, str], _ObjectStreams] = OrderedDict()
+        self._inflight: dict[BlockKey, Pending] = {}
+        self._fetches: set[Fetch] = set()
+        self.slots: Final = FetchSlots(
+            cfg.max_inflight_fetches, cfg.max_readahead_fetches, self.stats
+        )
+        """The GET slots (``gateway.data.warm`` takes read-ahead's share of them)."""
+        self._streams: OrderedDict[tuple[str, str], ObjectStreams] = OrderedDict()
         self._ra_inflight_bytes = 0
         self.warming: dict[tuple[str, str, str], asyncio.Future[tuple[str, int]]] = {}
         """Object versions being written to the disk tier by ``warm.warm_object`` (its
         single-flight: a warm-up job and the data prefetcher may ask for the same one)."""
-        self._max_run = max(1, cfg.max_request_bytes // cfg.block_size)  # blocks per GET
+        self.max_run: Final = max(1, cfg.max_request_bytes // cfg.block_size)
+        """Blocks one ranged GET may cover."""
         # Read-ahead lands in the cache's prefetch share: a window larger than half of it
         # would push its own blocks out before they are read.
         self._ra_max = min(cfg.max_readahead, cache.prefetch_cap_bytes // 2)
@@ -255,44 +158,15 @@ class ObjectReader:
             self._ra_max = 0
 
     @property
-    def opened(self) -> FileOpened:
-        """Told (store name, key, memory hit) at every READ at offset 0 of a small object
-        (the data prefetcher's record of what this pass has read, and of whether READs find
-        their files in memory)."""
-        return self._opened
-
-    @property
     def on_open(self) -> Callable[[str, str, bool], None] | None:
         """Compatibility with the wiring that sets it after construction (ops/server.py):
         setting it subscribes the callable to ``opened``. Pass ``opened=`` instead."""
-        return self._opened.note_open if self._opened.listening else None
+        return self.opened.note_open if self.opened.listening else None
 
     @on_open.setter
     def on_open(self, fn: Callable[[str, str, bool], None] | None) -> None:
         if fn is not None:
-            self._opened.subscribe(_Callback(fn))
-
-    @property
-    def cache(self) -> DataCache:
-        return self._cache
-
-    @property
-    def config(self) -> DataConfig:
-        return self._cfg
-
-    @property
-    def disk(self) -> DiskStore | None:
-        return self._disk
-
-    @property
-    def slots(self) -> FetchSlots:
-        """The GET slots (``gateway.data.warm`` takes read-ahead's share of them)."""
-        return self._slots
-
-    @property
-    def max_run(self) -> int:
-        """Blocks one ranged GET may cover."""
-        return self._max_run
+            self.opened.subscribe(_Callback(fn))
 
     # -- READ ----------------------------------------------------------------------------
 
@@ -341,12 +215,12 @@ class ObjectReader:
         if offset >= end:
             return b"", offset >= size
         eof = end >= size
-        if size <= self._cfg.small_file_max:
+        if size <= self.config.small_file_max:
             hit = self.read_cached(store.name, key, etag, size, offset, count)
             if hit is not None:
                 return hit
-            if offset == 0 and self._opened.listening:
-                self._opened.note_open(store.name, key, False)
+            if offset == 0 and self.opened.listening:
+                self.opened.note_open(store.name, key, False)
             self.stats.misses += 1
             bkey = (store.name, key, etag, 0)
             fut = self._join(bkey)
@@ -365,11 +239,11 @@ class ObjectReader:
         path, ``gateway.fastpath``), counted as ``read`` counts a hit; None (and nothing
         counted or told) when it is not there. ``offset`` and ``count`` are >= 0 and
         ``offset`` < ``size`` <= ``small_file_max``."""
-        data = self._cache.lookup((store_name, key, etag, 0))
+        data = self.cache.lookup((store_name, key, etag, 0))
         if data is None:
             return None
-        if offset == 0 and self._opened.listening:
-            self._opened.note_open(store_name, key, True)
+        if offset == 0 and self.opened.listening:
+            self.opened.note_open(store_name, key, True)
         end = min(offset + count, size)
         stats = self.stats
         stats.hits += 1
@@ -381,12 +255,12 @@ class ObjectReader:
     async def _read_blocks(
         self, store: ObjectStore, key: str, etag: str, size: int, offset: int, end: int
     ) -> bytes | memoryview:
-        bs = self._cfg.block_size
+        bs = self.config.block_size
         first = offset // bs
         last = (end - 1) // bs
         name = store.name
         stats = self.stats
-        cache = self._cache
+        cache = self.cache
         got: list[bytes | memoryview | asyncio.Future[bytes | memoryview] | None] = []
         missing: list[int] = []
         for b in range(first, last + 1):
@@ -402,7 +276,7 @@ class ObjectReader:
             if fut is None:
                 missing.append(b)
             got.append(fut)
-        for run_first, n in block_runs(missing, self._max_run):
+        for run_first, n in block_runs(missing, self.max_run):
             futs = self._start_fetch(store, key, etag, size, run_first, n, demand=True)
             got[run_first - first : run_first - first + n] = futs
         self._readahead(store, key, etag, size, offset, end)
@@ -426,10 +300,10 @@ class ObjectReader:
         as a read-ahead-class GET (demand fetches go first; a READ joining it promotes it);
         the bytes land in the cache's ahead segment if it has room then (``DataCache.insert``).
         None when it is cached, already being fetched, empty or not a small object."""
-        if not 0 < size <= self._cfg.small_file_max:
+        if not 0 < size <= self.config.small_file_max:
             return None
         bkey = (store.name, key, etag, 0)
-        if bkey in self._cache or bkey in self._inflight:
+        if bkey in self.cache or bkey in self._inflight:
             return None
         return self._start_fetch(store, key, etag, size, 0, 1, demand=False, ahead=True)[0]
 
@@ -448,16 +322,16 @@ class ObjectReader:
         One worker that keeps it in memory does not write it to disk: a write costs ~4x the
         rest of a member's cold path in CPU here (``write_entry``: ~0.4 ms per 110 kB on this
         VM's ext4, against ~0.1 ms), and a shuffled epoch reads it from memory anyway."""
-        if not 0 < len(data) <= self._cfg.small_file_max:
+        if not 0 < len(data) <= self.config.small_file_max:
             return None
         bkey = (store_name, key, etag, 0)
-        if bkey in self._inflight or bkey in self._cache:
+        if bkey in self._inflight or bkey in self.cache:
             return None
-        disk = self._disk
+        disk = self.disk
         shared = disk is not None and disk.shared
         dkey = disk_key(store_name, key, etag, 0, len(data)) if shared else None
         on_disk = disk is not None and dkey is not None and disk.admit(dkey)
-        kept = memory and self._cache.insert(bkey, data, whole=True, ahead=True, on_disk=on_disk)
+        kept = memory and self.cache.insert(bkey, data, whole=True, ahead=True, on_disk=on_disk)
         if disk is None or (kept and not shared):
             return None
         if dkey is None:  # one worker, not kept in memory: the disk tier keeps it
@@ -469,14 +343,14 @@ class ObjectReader:
         if kept:
 
             def swap(view: memoryview) -> None:
-                self._cache.swap(bkey, data, view)
+                self.cache.swap(bkey, data, view)
 
         return disk.publish(dkey, data, swap)
 
     def cached(self, store_name: str, key: str, etag: str) -> bool:
         """Whether small object version ``etag`` is in memory or being fetched."""
         bkey = (store_name, key, etag, 0)
-        return bkey in self._cache or bkey in self._inflight
+        return bkey in self.cache or bkey in self._inflight
 
     # -- single-flight fetches -----------------------------------------------------------
 
@@ -490,8 +364,8 @@ class ObjectReader:
             self.stats.ahead_joined += 1
         if not p.demanded:
             p.demanded = True
-            self._cache.note_miss(bkey)
-            self._slots.promote(p.fetch)
+            self.cache.note_miss(bkey)
+            self.slots.promote(p.fetch)
         return p.future
 
     def _start_fetch(
@@ -507,14 +381,14 @@ class ObjectReader:
         ahead: bool = False,
     ) -> list[asyncio.Future[bytes | memoryview]]:
         loop = asyncio.get_running_loop()
-        if size <= self._cfg.small_file_max:
-            f = _Fetch(store, key, etag, size, 0, None)
+        if size <= self.config.small_file_max:
+            f = Fetch(store, key, etag, size, 0, None)
             spans = [(0, size)]
         else:
-            bs = self._cfg.block_size
+            bs = self.config.block_size
             start = first * bs
             stop = min((first + n) * bs, size)
-            f = _Fetch(store, key, etag, size, start, stop)
+            f = Fetch(store, key, etag, size, start, stop)
             spans = [
                 (b * bs - start, min((b + 1) * bs, size) - start) for b in range(first, first + n)
             ]
@@ -524,13 +398,13 @@ class ObjectReader:
         for i, (lo, hi) in enumerate(spans):
             bkey = (store.name, key, etag, first + i)
             fut: asyncio.Future[bytes | memoryview] = loop.create_future()
-            fut.add_done_callback(_retrieve)
-            p = _Pending(fut, f, demand)
+            fut.add_done_callback(mark_retrieved)
+            p = Pending(fut, f, demand)
             self._inflight[bkey] = p
             f.blocks.append((bkey, p, lo, hi))
             futs.append(fut)
             if demand:
-                self._cache.note_miss(bkey)
+                self.cache.note_miss(bkey)
         if not demand and not ahead:
             f.ra_bytes = f.nbytes
             self._ra_inflight_bytes += f.ra_bytes
@@ -540,9 +414,9 @@ class ObjectReader:
         f.task = loop.create_task(self._run_fetch(f), name=f"datafetch:{key}")
         return futs
 
-    async def _run_fetch(self, f: _Fetch) -> None:
+    async def _run_fetch(self, f: Fetch) -> None:
         stats = self.stats
-        disk = self._disk
+        disk = self.disk
         claim = None
         try:
             if disk is not None:
@@ -550,20 +424,20 @@ class ObjectReader:
                     return
                 if disk.shared:
                     # Another worker may be fetching it: wait for its entry, not a 2nd GET.
-                    claim = await disk.claim(f.dkeys[_first_missing(f)])
+                    claim = await disk.claim(f.dkeys[first_missing(f)])
                     if claim.present and await self._from_disk(disk, f):
                         return
-            await self._slots.acquire(f)
+            await self.slots.acquire(f)
             stats.inflight_fetches += 1
             stats.gets += 1
             try:
-                async with asyncio.timeout(self._cfg.fetch_timeout_s):
+                async with asyncio.timeout(self.config.fetch_timeout_s):
                     res = await f.store.get(f.key, f.start, f.end, if_match=f.etag)
             except TimeoutError as exc:
                 raise BackendUnavailable(f"{f.key}: GET timed out") from exc
             finally:
                 stats.inflight_fetches -= 1
-                self._slots.release(f)
+                self.slots.release(f)
             if (res.etag and not same_etag(res.etag, f.etag)) or res.size != f.size:
                 raise PreconditionFailed(f"{f.key}: now {res.etag!r} ({res.size} B)")
             want = (f.size if f.end is None else f.end) - f.start
@@ -571,7 +445,7 @@ class ObjectReader:
                 raise BackendError(f"{f.key}: got {len(res.data)} B for a {want} B range")
             stats.bytes_fetched += want
             body = res.data
-            writes = self._deliver(f, _kept(body))
+            writes = self._deliver(f, keepable(body))
             if claim is not None and claim.fd >= 0 and writes:
                 # The claim holds until the entries are in place: a waiting worker then
                 # reads them instead of fetching (the READs were answered already).
@@ -591,7 +465,7 @@ class ObjectReader:
                 claim.release()
             self._finish(f)
 
-    async def _from_disk(self, disk: DiskStore, f: _Fetch) -> bool:
+    async def _from_disk(self, disk: DiskStore, f: Fetch) -> bool:
         """Serve the blocks of ``f`` the disk tier holds (those not served yet); True when
         that was all of them, else ``f`` is narrowed to the span from the first to the last
         missing block."""
@@ -601,7 +475,7 @@ class ObjectReader:
                 disk_key(f.store.name, f.key, f.etag, base + lo, hi - lo) for *_, lo, hi in f.blocks
             ]
         todo = [i for i, (_, p, _, _) in enumerate(f.blocks) if not p.future.done()]
-        mapped = self._cache.mappings + len(todo) <= self._cache.max_mappings
+        mapped = self.cache.mappings + len(todo) <= self.cache.max_mappings
         found = await asyncio.gather(*(disk.read(f.dkeys[i], mapped) for i in todo))
         missing: list[tuple[int, int]] = []
         for i, data in zip(todo, found, strict=True):
@@ -620,10 +494,10 @@ class ObjectReader:
             f.start, f.end = base + missing[0][0], base + missing[-1][1]
         return False
 
-    def _deliver(self, f: _Fetch, data: bytes | memoryview) -> list[asyncio.Task[bool]]:
+    def _deliver(self, f: Fetch, data: bytes | memoryview) -> list[asyncio.Task[bool]]:
         """Answer the waiters of ``f``, cache the blocks and publish them to the disk tier;
         the publishing tasks (a shared tier then swaps each cached copy for a mapping)."""
-        disk = self._disk if f.cacheable and f.dkeys else None
+        disk = self.disk if f.cacheable and f.dkeys else None
         whole = len(f.blocks) == 1
         mv = memoryview(data)
         writes: list[asyncio.Task[bool]] = []
@@ -636,7 +510,7 @@ class ObjectReader:
             on_disk = is_mapping(chunk)  # the disk tier's own entry (a pack's shared group)
             # A pack member (a view of its group's buffer) that one worker keeps in memory is
             # not written to its disk tier, as ``deposit`` does for the member's neighbours.
-            unless_kept = disk is not None and not disk.shared and _group_slice(chunk)
+            unless_kept = disk is not None and not disk.shared and is_group_slice(chunk)
             if disk is not None and not on_disk and not unless_kept and disk.admit(f.dkeys[i]):
                 swap = None
                 if disk.shared:
@@ -644,7 +518,7 @@ class ObjectReader:
                     def swap(
                         view: memoryview, bkey: BlockKey = bkey, old: bytes | memoryview = chunk
                     ) -> None:
-                        self._cache.swap(bkey, old, view)
+                        self.cache.swap(bkey, old, view)
 
                 writes.append(disk.publish(f.dkeys[i], chunk, swap))
                 on_disk = True
@@ -657,11 +531,11 @@ class ObjectReader:
         return writes
 
     def _insert(
-        self, f: _Fetch, bkey: BlockKey, p: _Pending, data: bytes | memoryview, on_disk: bool
+        self, f: Fetch, bkey: BlockKey, p: Pending, data: bytes | memoryview, on_disk: bool
     ) -> bool:
         """Whether the memory tier kept it."""
         unread = not p.demanded
-        kept = self._cache.insert(
+        kept = self.cache.insert(
             bkey,
             data,
             prefetched=unread and not f.ahead,
@@ -673,7 +547,7 @@ class ObjectReader:
             self.stats.ahead_dropped += 1
         return kept
 
-    def _fail(self, f: _Fetch, exc: BaseException | None) -> None:
+    def _fail(self, f: Fetch, exc: BaseException | None) -> None:
         for _, p, _, _ in f.blocks:
             if p.future.done():
                 continue
@@ -682,11 +556,11 @@ class ObjectReader:
             else:
                 p.future.set_exception(exc)
 
-    def _finish(self, f: _Fetch) -> None:
+    def _finish(self, f: Fetch) -> None:
         for bkey, p, _, _ in f.blocks:
             if self._inflight.get(bkey) is p:
                 del self._inflight[bkey]
-        # Each _Pending points back at its fetch: break that cycle now, or the blocks (private
+        # Each Pending points back at its fetch: break that cycle now, or the blocks (private
         # copies, or mappings of disk-tier files) would stay alive, past the cache's budget,
         # until the garbage collector's next full pass.
         f.blocks.clear()
@@ -701,19 +575,19 @@ class ObjectReader:
     ) -> None:
         if self._ra_max == 0:
             return
-        cfg = self._cfg
+        cfg = self.config
         bs = cfg.block_size
         okey = (store.name, key)
         objs = self._streams.get(okey)
         if objs is None or objs.etag != etag:
-            objs = _ObjectStreams(etag)
+            objs = ObjectStreams(etag)
             self._streams[okey] = objs
             if len(self._streams) > cfg.max_streams:
                 self._streams.popitem(last=False)
         self._streams.move_to_end(okey)
         streams = objs.streams
         aligned_end = min(-(-end // bs) * bs, size)
-        s: _Stream | None = None
+        s: Stream | None = None
         for i, cand in enumerate(streams):
             # A stream not yet sequential needs an exact continuation; an established one
             # tolerates the small reordering and skips of parallel client READs.
@@ -725,7 +599,7 @@ class ObjectReader:
                     streams.insert(0, s)
                 break
         if s is None:
-            s = _Stream(end, cfg.initial_readahead if offset == 0 else 0, aligned_end)
+            s = Stream(end, cfg.initial_readahead if offset == 0 else 0, aligned_end)
             streams.insert(0, s)
             del streams[cfg.max_streams_per_object :]
         else:
@@ -736,7 +610,7 @@ class ObjectReader:
         if s.window == 0 or s.ra_end >= size or end + max(s.window // 2, bs) <= s.ra_end:
             return
         target = min(-(-(end + s.window) // bs) * bs, size)
-        cache = self._cache
+        cache = self.cache
         name = store.name
         budget = cfg.max_readahead_inflight_bytes - self._ra_inflight_bytes
         want: list[int] = []
@@ -753,13 +627,13 @@ class ObjectReader:
             b += 1
         s.ra_end = min(b * bs, size)
         s.window = min(2 * s.window, self._ra_max)
-        for run_first, n in block_runs(want, self._max_run):
+        for run_first, n in block_runs(want, self.max_run):
             self._start_fetch(store, key, etag, size, run_first, n, demand=False)
 
     # -- invalidation and shutdown -------------------------------------------------------
 
     def _forget_version(self, store_name: str, key: str, etag: str | None) -> None:
-        self._cache.invalidate(store_name, key, etag)
+        self.cache.invalidate(store_name, key, etag)
         objs = self._streams.get((store_name, key))
         if objs is not None and (etag is None or objs.etag == etag):
             del self._streams[(store_name, key)]
@@ -773,7 +647,7 @@ class ObjectReader:
         self._forget_version(store_name, key, None)
 
     def clear(self) -> None:
-        self._cache.clear()
+        self.cache.clear()
         self._streams.clear()
         for f in self._fetches:
             f.cacheable = False

@@ -3,7 +3,7 @@ warm-up) limited to ``max_readahead_fetches`` of them, a freed slot going to a w
 fetch first.
 
 Owns: the queueing of fetches for slots. Must not: fetch, cache or know what a fetch is beyond
-its ``demand``/``slot_ra``/``waiter`` fields (``reader._Fetch``).
+its ``demand``/``slot_ra``/``waiter`` fields (``fetches.Fetch``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ import asyncio
 
 from gateway.backend.base import BackendError, BackendUnavailable, ObjectStore
 from gateway.data.disk import disk_key
-from gateway.data.reader import ObjectReader, block_runs, same_etag
+from gateway.data.fetches import block_runs, same_etag
+from gateway.data.reader import ObjectReader
 from gateway.errors import VersionChanged
 
 __all__ = ["warm_object"]

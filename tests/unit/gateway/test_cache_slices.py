@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 
-from gateway.data.cache import DataCache, _shared_buffer
+from gateway.data.cache import DataCache
+from gateway.data.mappings import shared_buffer
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -14,7 +15,7 @@ MiB = 1024 * KiB
 def held_slack(cache: DataCache) -> int:
     """What the cache counts: per buffer still held by a cached slice, the bytes of its slices
     that left; checked against the buffers the entries do reference."""
-    held = {id(b) for e in cache._entries.values() if (b := _shared_buffer(e[0])) is not None}
+    held = {id(b) for e in cache._entries.values() if (b := shared_buffer(e[0])) is not None}
     assert held == set(cache._shared), "a tracked buffer no entry holds, or the reverse"
     return sum(sh.departed for sh in cache._shared.values())
 
@@ -40,7 +41,7 @@ def test_survivors_of_a_mostly_evicted_buffer_are_copied_out() -> None:
     for i in range(40, 100):
         got = cache.lookup(("s", f"g/{i}", "e", 0))
         assert got is not None and bytes(got) == bytes(members[i])
-        assert _shared_buffer(got) is None  # its own bytes now: the group may be freed
+        assert shared_buffer(got) is None  # its own bytes now: the group may be freed
     assert cache._shared == {} and cache._slack == 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from gateway.clock import Clock, FakeClock
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
 from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.data.config import DiskConfig
@@ -33,9 +34,11 @@ MiB = 1024 * KiB
 OBJ = 16_000  # + header and identity: one 16 KiB charge on disk
 
 
-async def open_disk(d: Path, budget: int | None = 64 * MiB, **kw: Any) -> DiskStore:
+async def open_disk(
+    d: Path, budget: int | None = 64 * MiB, clock: Clock | None = None, **kw: Any
+) -> DiskStore:
     cfg = DiskConfig(budget=budget, min_free=kw.pop("min_free", 0), **kw)
-    disk = await DiskStore.open(d, cfg, DiskStats())
+    disk = await DiskStore.open(d, cfg, DiskStats(), clock=clock)
     assert disk is not None
     return disk
 
@@ -228,7 +231,8 @@ async def test_another_tenant_filling_the_disk_turns_writes_into_refusals(
     store = FakeStore()
     store.put("a", payload(OBJ))
     store.put("b", payload(OBJ, seed=3))
-    disk = await open_disk(tmp_path, min_free=1 * MiB)
+    clock = FakeClock()
+    disk = await open_disk(tmp_path, min_free=1 * MiB, clock=clock)
     real = os.statvfs
 
     class Full:
@@ -247,7 +251,9 @@ async def test_another_tenant_filling_the_disk_turns_writes_into_refusals(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "writev", no_space)
-    disk._refuse_until = 0.0  # the refusal after FULL lasts a second: skip it
+    assert not disk.takes(OBJ)  # the refusal after FULL lasts a second (the tier's clock)
+    clock.advance(1.0)
+    assert disk.takes(OBJ)
     assert await read_all(reader_over(disk), store, "b") == store.objects["b"][0]
     await disk.drain()
     assert disk.stats.write_errors == 1 and disk.stats.writes == 0

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
-from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, is_mapping, mapped_size
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.data.config import DiskConfig
 from gateway.data.disk import DiskStore, disk_key
 from gateway.data.diskfile import claim as claim_file
+from gateway.data.mappings import is_mapping, mapped_size
 from gateway.data.warm import warm_object
 from tests.unit.gateway.test_datacache import FakeStore, as_store, payload
 
@@ -269,7 +270,7 @@ async def test_a_finished_fetch_leaves_no_cycle_holding_its_bytes(tmp_path: Path
     Now nothing of a finished fetch waits for the collector."""
     import gc
 
-    from gateway.data import reader as reader_module
+    from gateway.data.fetches import Fetch
 
     store = FakeStore()
     keys = objects(store, 6)
@@ -285,7 +286,7 @@ async def test_a_finished_fetch_leaves_no_cycle_holding_its_bytes(tmp_path: Path
         for k in keys:
             assert await read(r2, store, k) == store.objects[k][0]
         await asyncio.sleep(0)
-        left = [o for o in gc.get_objects() if type(o) is reader_module._Fetch]
+        left = [o for o in gc.get_objects() if type(o) is Fetch]
         assert left == []
     finally:
         gc.enable()
