@@ -44,7 +44,7 @@ from gateway.data import (
     DiskStore,
     ObjectReader,
 )
-from gateway.data.cache import ENTRY_OVERHEAD
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.data.diskfile import disk_key
 from loadgen.dataset import DatasetSpec, make_dataset
 from loadgen.gwprocess import GatewayProcess
@@ -229,7 +229,7 @@ async def simulation_part(a: argparse.Namespace) -> None:
         disk_charge = sum(disk_key("sim", str(i), '"e"', 0, s).charge for i, s in enumerate(sizes))
         overhead = disk_charge / total  # header + 4 KiB rounding, per byte of body
         disk_budget = int(half * 4 / 5 * overhead)
-        mem_budget = half // 5 + len(sizes) // 10 * ENTRY_OVERHEAD
+        mem_budget = half // 5 + len(sizes) // 10 * BLOCK_ENTRY_CHARGE_BYTES
         disk = await DiskStore.open(Path(d), DiskConfig(budget=disk_budget, min_free=0))
         assert disk is not None
         stats = DataStats()

@@ -116,7 +116,7 @@ from gateway.data.mappings import is_mapping, mapped_size, mapping_limit, shared
 from gateway.data.sketch import FrequencySketch, key_hash
 from gateway.data.stats import DataStats
 
-__all__ = ["BLOCK_ENTRY_CHARGE_BYTES", "ENTRY_OVERHEAD", "BlockKey", "DataCache"]
+__all__ = ["BLOCK_ENTRY_CHARGE_BYTES", "BlockKey", "DataCache"]
 
 BlockKey = tuple[str, str, str, int]
 """(store name, object key, etag, block index)."""
@@ -127,8 +127,6 @@ BlockKey = tuple[str, str, str, int]
 # used now; kept at 640 (room for the layout to grow back), plus the 33 B bytes header. Key
 # strings are not counted.
 BLOCK_ENTRY_CHARGE_BYTES: Final = 640
-ENTRY_OVERHEAD: Final = BLOCK_ENTRY_CHARGE_BYTES
-"""The old name, for tests/integration/test_data_prefetch.py and benchmarks/disk_cache.py."""
 
 WINDOW_MIN_ENTRIES: Final = 16
 BURST_ENTRIES: Final = 4

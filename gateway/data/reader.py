@@ -110,13 +110,6 @@ class Version(Protocol):
 V = TypeVar("V", bound=Version)
 
 
-class _Callback:
-    """An ``OpenListener`` made of a callable (``ObjectReader.on_open``)."""
-
-    def __init__(self, fn: Callable[[str, str, bool], None]) -> None:
-        self.note_open = fn
-
-
 class ObjectReader:
     """Serves READs of object versions from ``cache``, fetching what is missing."""
 
@@ -156,17 +149,6 @@ class ObjectReader:
         self._ra_max = min(cfg.max_readahead, cache.prefetch_cap_bytes // 2)
         if self._ra_max < cfg.block_size + BLOCK_ENTRY_CHARGE_BYTES or cfg.initial_readahead == 0:
             self._ra_max = 0
-
-    @property
-    def on_open(self) -> Callable[[str, str, bool], None] | None:
-        """Compatibility with the wiring that sets it after construction (ops/server.py):
-        setting it subscribes the callable to ``opened``. Pass ``opened=`` instead."""
-        return self.opened.note_open if self.opened.listening else None
-
-    @on_open.setter
-    def on_open(self, fn: Callable[[str, str, bool], None] | None) -> None:
-        if fn is not None:
-            self.opened.subscribe(_Callback(fn))
 
     # -- READ ----------------------------------------------------------------------------
 

@@ -145,8 +145,9 @@ async def _pack(
 
     from gateway.backend.base import BackendError
     from gateway.pack.format import PackError
-    from gateway.pack.packer import Packer, Progress, check_access
+    from gateway.pack.packer import Packer, PackJob, check_access
     from gateway.pack.verify import verify
+    from gateway.progress import Progress
 
     main = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -158,7 +159,9 @@ async def _pack(
         if not a.verify_only:
             await check_access(src, src_prefix, dst, dst_prefix, a.src, a.dst)
             try:
-                rep = await Packer(src, src_prefix, dst, dst_prefix, source, opts, progress).run()
+                rep = await Packer(
+                    PackJob(src, src_prefix, dst, dst_prefix, source), opts, progress
+                ).run()
             except (BackendError, PackError) as e:
                 print(f"nfsgw pack: failed: {e} (run it again to resume)", file=sys.stderr)
                 return 1

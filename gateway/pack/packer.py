@@ -51,7 +51,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
-from typing import Any, Final, overload
+from typing import Final
 
 from gateway.backend.base import (
     BackendError,
@@ -88,7 +88,6 @@ __all__ = [
     "PackOptions",
     "PackReport",
     "Packer",
-    "Progress",
     "cancel_all",
     "check_access",
     "nested",
@@ -229,39 +228,11 @@ class _Stop(Exception):
 
 
 class Packer:
-    """Packs ``job`` (module docstring): ``Packer(job, options, progress).run()``. The
-    older form ``Packer(src, src_prefix, dst, dst_prefix, source_url, options, progress)``
-    still works."""
+    """Packs ``job`` (module docstring): ``Packer(job, options, progress).run()``."""
 
-    @overload
     def __init__(
         self, job: PackJob, options: PackOptions | None = None, progress: Progress | None = None
-    ) -> None: ...
-
-    @overload
-    def __init__(
-        self,
-        job: ObjectStore,
-        src_prefix: str,
-        dst: ObjectStore,
-        dst_prefix: str,
-        source_url: str,
-        options: PackOptions | None = None,
-        progress: Progress | None = None,
-        /,
-    ) -> None: ...
-
-    def __init__(
-        self,
-        job: PackJob | ObjectStore,
-        *args: Any,
-        options: PackOptions | None = None,
-        progress: Progress | None = None,
     ) -> None:
-        if not isinstance(job, PackJob):  # the older form: the job's fields first
-            job, args = PackJob(job, *args[:4]), args[4:]
-        if args:
-            options, progress = (*args, progress)[:2]
         self.job = job
         self.opt: PackOptions = options or PackOptions()
         self.progress: Progress | None = progress

@@ -72,7 +72,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Final, cast
 
@@ -89,14 +89,7 @@ from gateway.backend.checksums import crc32
 from gateway.pack.format import PackError, PackIndex
 from gateway.pack.indexload import UnpackedKeys, load_pack
 from gateway.pack.listing import list_from_index
-from gateway.pack.tiers import (
-    NO_TIERS,
-    Deposit,
-    NeighbourTiers,
-    SharedTier,
-    TierClaims,
-    _AssignedTiers,
-)
+from gateway.pack.tiers import NO_TIERS, NeighbourTiers, SharedTier, TierClaims
 
 __all__ = [
     "NO_TIERS",
@@ -227,48 +220,6 @@ class PackedStore(StoreWrapper):
         self.listings_waited = 0
         """Listings that waited for the index."""
 
-    # -- the tiers, assigned after construction (compatibility) ---------------------------
-    #
-    # ops/server.py sets these four after construction; pass ``tiers=`` instead.
-
-    def _assigned(self) -> _AssignedTiers:
-        if not isinstance(self._tiers, _AssignedTiers):
-            self._tiers = _AssignedTiers()
-        return self._tiers
-
-    @property
-    def deposit(self) -> Deposit | None:
-        t = self._tiers
-        return t.deposit if t.keeps_neighbours else None
-
-    @deposit.setter
-    def deposit(self, fn: Deposit | None) -> None:
-        self._assigned().deposit_fn = fn
-
-    @property
-    def room(self) -> Callable[[int], bool] | None:
-        return self._tiers.memory_room
-
-    @room.setter
-    def room(self, fn: Callable[[int], bool] | None) -> None:
-        self._assigned().room = fn
-
-    @property
-    def disk_room(self) -> Callable[[int], bool] | None:
-        return self._tiers.disk_room
-
-    @disk_room.setter
-    def disk_room(self, fn: Callable[[int], bool] | None) -> None:
-        self._assigned().disk_room_fn = fn
-
-    @property
-    def tier(self) -> SharedTier | None:
-        return self._tiers.shared
-
-    @tier.setter
-    def tier(self, t: SharedTier | None) -> None:
-        self._assigned().shared = t
-
     # -- the index ------------------------------------------------------------------------
 
     @property
@@ -333,14 +284,7 @@ class PackedStore(StoreWrapper):
 
     # -- reads ----------------------------------------------------------------------------
 
-    async def get(
-        self,
-        key: str,
-        start: int = 0,
-        end: int | None = None,
-        *,
-        if_match: str | None = None,
-    ) -> GetResult:
+    async def _get(self, key: str, start: int, end: int | None, if_match: str | None) -> GetResult:
         index = self.index
         if index is not None and start == 0 and key.startswith(self._source_prefix):
             i = index.find(key[len(self._source_prefix) :])
@@ -363,7 +307,7 @@ class PackedStore(StoreWrapper):
                         # a copy: the data layer keeps views of immutable bytes as they are.
                         return GetResult(cast(bytes, data), etag, size, index.mtimes[i])
                 self.stats.fallbacks += 1
-        return await self.inner.get(key, start, end, if_match=if_match)
+        return await super()._get(key, start, end, if_match)
 
     def _group(self, index: PackIndex, i: int) -> tuple[int, int]:
         """The rows [a, b] fetched with member ``i``: the members of its shard whose data
@@ -601,14 +545,8 @@ class PackedStore(StoreWrapper):
 
     # -- listings -------------------------------------------------------------------------
 
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        token: str | None = None,
-        start_after: str | None = None,
-        max_keys: int = 1000,
+    async def _list_page(
+        self, prefix: str, delimiter: str | None, token: str | None, after: str | None, limit: int
     ) -> ListPage:
         index = self.index
         if (
@@ -628,12 +566,9 @@ class PackedStore(StoreWrapper):
             or delimiter != "/"
             or not prefix.startswith(self._source_prefix)
         ):
-            return await self.inner.list_page(
-                prefix, delimiter=delimiter, token=token, start_after=start_after,
-                max_keys=max_keys,
-            )  # fmt: skip
+            return await super()._list_page(prefix, delimiter, token, after, limit)
         return list_from_index(
-            index, self._unpacked, self._source_prefix, prefix, token or start_after, max_keys
+            index, self._unpacked, self._source_prefix, prefix, token or after, limit
         )
 
     async def close(self) -> None:

@@ -25,19 +25,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NO_TIERS",
-    "Deposit",
     "NeighbourTiers",
     "ReaderTiers",
     "SharedTier",
     "TierClaims",
 ]
-
-
-Deposit = Callable[[str, str, memoryview, bool], "Awaitable[bool] | None"]
-"""(key, etag, verified slice of the group's buffer, memory) of a neighbour, for the data
-layer to keep in memory if it can (``memory``: the memory tier had room for the group) and to
-publish to the disk tier; returns the publishing (None when nothing is written), which the
-group's claim waits for."""
 
 
 class SharedTier(Protocol):
@@ -118,7 +110,10 @@ class NeighbourTiers(Protocol):
     def deposit(
         self, key: str, etag: str, view: memoryview, memory: bool
     ) -> Awaitable[bool] | None:
-        """A verified neighbour (``Deposit``)."""
+        """A verified neighbour: (key, etag, verified slice of the group's buffer, memory),
+        for the data layer to keep in memory if it can (``memory``: the memory tier had room
+        for the group) and to publish to the disk tier; returns the publishing (None when
+        nothing is written), which the group's claim waits for."""
         ...
 
     def memory_room(self, n: int) -> bool:
@@ -180,30 +175,3 @@ class ReaderTiers:
     def disk_room(self, n: int) -> bool:
         # The entries' files cost a little more than their bodies.
         return self._disk is not None and self._disk.takes(n + n // 16)
-
-
-class _AssignedTiers:
-    """``NeighbourTiers`` from ``PackedStore``'s compatibility attributes (``deposit``,
-    ``room``, ``disk_room``, ``tier``), each None as before: the same branches."""
-
-    def __init__(self) -> None:
-        self.deposit_fn: Deposit | None = None
-        self.room: Callable[[int], bool] | None = None
-        self.disk_room_fn: Callable[[int], bool] | None = None
-        self.shared: SharedTier | None = None
-
-    @property
-    def keeps_neighbours(self) -> bool:
-        return self.deposit_fn is not None
-
-    def deposit(
-        self, key: str, etag: str, view: memoryview, memory: bool
-    ) -> Awaitable[bool] | None:
-        fn = self.deposit_fn
-        return None if fn is None else fn(key, etag, view, memory)
-
-    def memory_room(self, n: int) -> bool:
-        return self.room is None or self.room(n)
-
-    def disk_room(self, n: int) -> bool:
-        return self.disk_room_fn is not None and self.disk_room_fn(n)

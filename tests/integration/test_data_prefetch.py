@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gateway.data.cache import ENTRY_OVERHEAD
+from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
 from tests.faultproxy import Rule
@@ -431,10 +431,10 @@ def test_objects_the_prefetcher_fetches_into_a_nearly_full_cache_are_kept(
     tree: tuple[str, dict[str, bytes]],
 ) -> None:
     """A memory tier with room for exactly 22 of ``eq/``'s 8 KiB files (24 would need 24 x
-    ``ENTRY_OVERHEAD`` more), GETs held 1 s so the prefetcher's 24 slots are all taken before
-    the first lands: it must fetch only what it can keep."""
+    ``BLOCK_ENTRY_CHARGE_BYTES`` more), GETs held 1 s so the prefetcher's 24 slots are all
+    taken before the first lands: it must fetch only what it can keep."""
     bucket, files = tree
-    charge = EQ_SIZE + ENTRY_OVERHEAD
+    charge = EQ_SIZE + BLOCK_ENTRY_CHARGE_BYTES
     limit = 22 * charge + charge // 2  # room for 22 and a half of them
     memory = next(b for b in range(limit, 2 * limit) if b - int(b * 0.01) >= limit)
     proxy.add(Rule("latency", kinds={"GET"}, key=f"/{PREFIX}eq/", stall_s=1.0))

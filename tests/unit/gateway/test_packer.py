@@ -33,12 +33,11 @@ def source(n: int = 40) -> MemoryStore:
 OPTS = PackOptions(shard_size=64 * KiB, part_size=16 * KiB, range_size=8 * KiB)
 
 
-def test_a_pack_job_and_the_older_form_write_the_same_pack() -> None:
+def test_the_same_job_writes_the_same_pack() -> None:
     async def run() -> None:
         a, b = source(), source()
-        job = PackJob(a, "ds/", a, "packs/ds/", "s3://b/ds/")
-        ra = await Packer(job, OPTS).run()
-        rb = await Packer(b, "ds/", b, "packs/ds/", "s3://b/ds/", OPTS, None).run()
+        ra = await Packer(PackJob(a, "ds/", a, "packs/ds/", "s3://b/ds/"), OPTS).run()
+        rb = await Packer(PackJob(b, "ds/", b, "packs/ds/", "s3://b/ds/"), OPTS, None).run()
         assert (ra.files, ra.shards, ra.unpacked) == (rb.files, rb.shards, rb.unpacked)
         assert ra.files == 40 and ra.shards > 2 and ra.unpacked == 1
         for key in (INDEX_NAME, UNPACKED_NAME):
