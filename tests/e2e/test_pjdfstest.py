@@ -8,9 +8,9 @@
   only in the full run and tests/integration/test_posix_rules.py) in about a minute under
   TCG. Each file may fail at most the cases ``EXPECTED_FAILURES`` accounts
   for (with the reason); nothing may be left behind (the client's ``.nfsXXXX`` names).
-- ``test_pjdfstest_full``: the 14 syscall groups of issue 14 (8,776 cases), only when
+- ``test_pjdfstest_full``: the 14 syscall groups of the comparison (8,776 cases), only when
   ``NFSGW_PJDFSTEST=full``; prints the table docs/posix.md keeps and checks nfsgw passes at
-  least 90 % of what nfs-ganesha passes (8,771 cases in the issue's run). Command:
+  least 90 % of what nfs-ganesha passes (8,771 cases in the comparison run). Command:
 
       NFSGW_PJDFSTEST=full flock /tmp/nfsgw-heavy.lock .venv/bin/python -m pytest -s \\
           -p no:cacheprovider tests/e2e/test_pjdfstest.py -k full
@@ -54,7 +54,7 @@ GROUPS = [
     "utimensat",
     "rename",
 ]
-GANESHA_PASSED = 8771  # issue 14: nfs-ganesha 4.3 (FSAL_VFS over ext4), the same 14 groups
+GANESHA_PASSED = 8771  # nfs-ganesha 4.3 (FSAL_VFS over ext4), the same 14 groups
 
 SUBSET = [
     "chmod/00.t",  # modes of every file type, directories included; ctime on chmod

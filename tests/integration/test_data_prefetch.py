@@ -1,4 +1,4 @@
-"""Data prefetch (issue 13) end to end: SeaweedFS <- counting fault proxy <- gateway (in
+"""Data prefetch end to end: SeaweedFS <- counting fault proxy <- gateway (in
 process, ``tests.harness.thread``) <- libnfs. The in-process versions over a ``MemoryStore``
 are in ``tests/unit/gateway/test_data_prefetch.py``.
 

@@ -1,4 +1,4 @@
-"""Serving a packed dataset (issue 16) end to end: SeaweedFS <- counting proxy <- gateway (in
+"""Serving a packed dataset end to end: SeaweedFS <- counting proxy <- gateway (in
 process, ``tests.harness.thread``) <- libnfs, the pack made by the real ``nfsgw pack`` (a
 child process, as in ``tests/integration/test_pack.py``). The in-process versions over a
 ``MemoryStore`` are in ``tests/unit/gateway/test_pack_store.py``.

@@ -1,4 +1,4 @@
-"""The POSIX rules pjdfstest checks (issue 14, docs/posix.md "Conformance"), one test per rule,
+"""The POSIX rules pjdfstest checks (docs/posix.md "Conformance"), one test per rule,
 over real TCP: SeaweedFS <- gateway (``tests.harness.thread``) <- our blocking RPC client
 (``tests.rpcclient``), which lets each call carry the AUTH_SYS identity the rule is about.
 

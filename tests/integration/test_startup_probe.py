@@ -1,4 +1,4 @@
-"""A wrong backend is said at start (issue 25, item 5): ``nfsgw serve`` as a child process
+"""A wrong backend is said at start: ``nfsgw serve`` as a child process
 (``loadgen.gwprocess``) against an endpoint nobody listens on, a bucket SeaweedFS does not
 have, and credentials SeaweedFS refuses:
 

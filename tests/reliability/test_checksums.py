@@ -1,4 +1,4 @@
-"""Every byte verified (issue 14 part 3), against SeaweedFS through a proxy that inverts one bit
+"""Every byte verified, against SeaweedFS through a proxy that inverts one bit
 of a GET body and keeps its length (``tests.faultproxy`` fault ``flip-bit``).
 
 - The store (``S3Store``): for objects stored with a CRC32, CRC32C, CRC64NVME, SHA-1 or

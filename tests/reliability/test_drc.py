@@ -1,4 +1,4 @@
-"""The duplicate-request cache over real TCP (issue 14 part 1): a client that loses its
+"""The duplicate-request cache over real TCP: a client that loses its
 connection re-sends its outstanding calls with the same XIDs and bytes on a new connection
 (from a new source port); REMOVE and RENAME must not run twice.
 
