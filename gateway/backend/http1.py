@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Final, cast
 
 _HEAD_CHUNK: Final = 4096  # first read; grown by doubling up to max_header_bytes
@@ -70,20 +71,16 @@ class Unframed(HttpError):
     the lean path does not receive those; the caller may send the request another way."""
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Reply:
     """One reply: ``status``, ``headers`` (names lowercase; repeated ones joined with
     ``", "``) and ``body``."""
 
-    __slots__ = ("body", "headers", "reason", "status", "version")
-
-    def __init__(
-        self, version: str, status: int, reason: str, headers: dict[str, str], body: bytearray
-    ) -> None:
-        self.version = version
-        self.status = status
-        self.reason = reason
-        self.headers = headers
-        self.body = body
+    version: str
+    status: int
+    reason: str
+    headers: dict[str, str]
+    body: bytearray
 
 
 _EMPTY: Final = bytearray()
@@ -496,37 +493,29 @@ class _Conn(asyncio.BufferedProtocol):
         self._abort()
 
 
+@dataclass(eq=False, repr=False)
 class Pool:
     """Keep-alive connections to one endpoint (``host``, ``port``, TLS with ``ssl_context``
     or plain). At most ``limit`` connections open; idle ones are reused newest first and
     closed after ``idle_s``. ``request`` is safe to cancel: the connection of a request
     that did not complete is aborted."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        *,
-        ssl_context: ssl.SSLContext | None = None,
-        server_hostname: str | None = None,
-        limit: int = 64,
-        idle_s: float = 15.0,
-        max_header_bytes: int = 64 * 1024,
-        max_error_body: int = 1 << 20,
-    ) -> None:
-        self.host = host
-        self.port = port
-        self.ssl_context = ssl_context
-        self.server_hostname = server_hostname
-        self.limit = limit
-        self.idle_s = idle_s
-        self.max_header_bytes = max_header_bytes
-        self.max_error_body = max_error_body
-        self._idle: collections.deque[tuple[_Conn, float]] = collections.deque()
-        self._busy = 0
-        self._sweep: asyncio.TimerHandle | None = None
-        self._closed = False
-        self.connects = 0  # connections opened (tests, metrics)
+    host: str
+    port: int
+    _: KW_ONLY
+    ssl_context: ssl.SSLContext | None = None
+    server_hostname: str | None = None
+    limit: int = 64
+    idle_s: float = 15.0
+    max_header_bytes: int = 64 * 1024
+    max_error_body: int = 1 << 20
+    _idle: collections.deque[tuple[_Conn, float]] = field(
+        init=False, default_factory=collections.deque
+    )
+    _busy: int = field(init=False, default=0)
+    _sweep: asyncio.TimerHandle | None = field(init=False, default=None)
+    _closed: bool = field(init=False, default=False)
+    connects: int = field(init=False, default=0)  # connections opened (tests, metrics)
 
     @property
     def open_connections(self) -> int:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import re
 from array import array
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from operator import attrgetter
 from typing import Final, Literal
 
@@ -398,6 +398,7 @@ class Directory:
         return self.rows(cookie, max_entries, keep_removed, dir_entry).page()
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Rows:
     """One READDIR(PLUS) page as rows of a directory's columns (no ``Entry`` per row): rows
     [``start``, ``start`` + len(``names``)) of ``cols``, their ``cookies``, and ``special``:
@@ -406,39 +407,15 @@ class Rows:
     shows it: its attributes are its path, size and mtime (``attrs.listed_file_fields``).
     ``eof``: the directory's last row is included; ``truncated``: partial mode."""
 
-    __slots__ = (
-        "cols",
-        "cookies",
-        "eof",
-        "names",
-        "path",
-        "special",
-        "start",
-        "truncated",
-        "verifier",
-    )
-
-    def __init__(
-        self,
-        verifier: bytes,
-        eof: bool,
-        truncated: bool,
-        path: str,
-        cols: Columns,
-        start: int,
-        names: list[str],
-        cookies: array[int],
-        special: dict[int, Entry],
-    ) -> None:
-        self.verifier = verifier
-        self.eof = eof
-        self.truncated = truncated
-        self.path = path
-        self.cols = cols
-        self.start = start
-        self.names = names
-        self.cookies = cookies
-        self.special = special
+    verifier: bytes
+    eof: bool
+    truncated: bool
+    path: str
+    cols: Columns
+    start: int
+    names: list[str]
+    cookies: array[int]
+    special: dict[int, Entry]
 
     def sizes(self) -> array[int]:
         return self.cols.sizes[self.start : self.start + len(self.names)]

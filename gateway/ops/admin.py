@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
@@ -63,19 +64,17 @@ class Served(Process, Protocol):
         ...
 
 
+@dataclass(eq=False, repr=False)
 class LocalAdmin:
     """The admin routes' answers from this process's own state (``AdminBackend``)."""
 
-    def __init__(
-        self, served: Served, gateway: Gateway, metrics: Metrics, warmups: Warmups, clock: Clock
-    ) -> None:
-        self.served = served
-        self.gateway = gateway
-        self.metrics = metrics
-        self.warmups = warmups
-        self.clock = clock
-        self._ready: tuple[float, bool, dict[str, str | None]] | None = None
-        self._probe: asyncio.Task[dict[str, str | None]] | None = None
+    served: Served
+    gateway: Gateway
+    metrics: Metrics
+    warmups: Warmups
+    clock: Clock
+    _ready: tuple[float, bool, dict[str, str | None]] | None = field(init=False, default=None)
+    _probe: asyncio.Task[dict[str, str | None]] | None = field(init=False, default=None)
 
     @property
     def token(self) -> str | None:

@@ -26,7 +26,7 @@ import contextlib
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Final
 
 import structlog
@@ -148,47 +148,35 @@ def diagnose(e: BaseException, *, timeout_s: float = PROBE_TIMEOUT_S) -> Diagnos
     return Diagnosis("error", "the backend failed", "see the error", text)
 
 
+@dataclass(eq=False, repr=False)
 class BackendProbe:
     """The answer of one export's backend (see the module docstring). ``store`` is the bucket
     itself (not a pack's wrapper, whose listings may come from its index)."""
 
-    def __init__(
-        self,
-        export: str,
-        backend: str,
-        endpoint: str,
-        store: ObjectStore,
-        prefix: str,
-        *,
-        timeout_s: float | None = None,
-        retry_first_s: float | None = None,
-        retry_max_s: float | None = None,
-        on_change: Callable[[], None] | None = None,
-        quiet: bool = False,
-    ) -> None:
-        self.export = export
-        self.backend = backend
-        self.endpoint = endpoint
-        self.store = store
-        self.prefix = prefix
-        # None: the module's (read here, so a test may set them)
-        self.timeout_s = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
-        self.retry_first_s = RETRY_FIRST_S if retry_first_s is None else retry_first_s
-        self.retry_max_s = RETRY_MAX_S if retry_max_s is None else retry_max_s
-        self.on_change = on_change
-        self.quiet = quiet  # changes logged at debug level (a worker other than the owner)
-        self.answered: bool | None = None
-        """None until the first probe ends; then whether the last one answered."""
-        self.diagnosis: Diagnosis | None = None
-        """Why the last probe failed (None when it answered)."""
-        self.attempts = 0
-        """Failed probes since the backend last answered."""
-        self.first = asyncio.Event()
-        """Set when the first probe has ended (either way)."""
-        self._logged: str | None = None  # the cause last logged
-        self._failing_since = 0.0
-        self._inflight: asyncio.Task[Diagnosis | None] | None = None
-        self._retrying: asyncio.Task[None] | None = None
+    export: str
+    backend: str
+    endpoint: str
+    store: ObjectStore
+    prefix: str
+    _: KW_ONLY
+    # Omitted: the module's (read at construction, so a test may set them)
+    timeout_s: float = field(default_factory=lambda: PROBE_TIMEOUT_S)
+    retry_first_s: float = field(default_factory=lambda: RETRY_FIRST_S)
+    retry_max_s: float = field(default_factory=lambda: RETRY_MAX_S)
+    on_change: Callable[[], None] | None = None
+    quiet: bool = False  # changes logged at debug level (a worker other than the owner)
+    answered: bool | None = field(init=False, default=None)
+    """None until the first probe ends; then whether the last one answered."""
+    diagnosis: Diagnosis | None = field(init=False, default=None)
+    """Why the last probe failed (None when it answered)."""
+    attempts: int = field(init=False, default=0)
+    """Failed probes since the backend last answered."""
+    first: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    """Set when the first probe has ended (either way)."""
+    _logged: str | None = field(init=False, default=None)  # the cause last logged
+    _failing_since: float = field(init=False, default=0.0)
+    _inflight: asyncio.Task[Diagnosis | None] | None = field(init=False, default=None)
+    _retrying: asyncio.Task[None] | None = field(init=False, default=None)
 
     @property
     def started(self) -> bool:

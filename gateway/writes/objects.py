@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -58,20 +59,13 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
+@dataclass(eq=False, repr=False)
 class ObjectOps:
-    def __init__(
-        self,
-        cfg: WriteConfig,
-        reader: ObjectReader,
-        meta: MetadataCache,
-        staging: Staging,
-        stats: WriteStats,
-    ) -> None:
-        self.cfg = cfg
-        self.reader = reader
-        self.meta = meta
-        self.staging = staging
-        self.stats = stats
+    cfg: WriteConfig
+    reader: ObjectReader
+    meta: MetadataCache
+    staging: Staging
+    stats: WriteStats
 
     async def put_object(
         self, export: Export, path: str, data: bytes, metadata: Mapping[str, str]

@@ -135,23 +135,16 @@ async def gather_all(*coros: Coroutine[object, object, object]) -> None:
             raise r
 
 
+@dataclass(eq=False, repr=False)
 class Uploader:
-    def __init__(
-        self,
-        cfg: WriteConfig,
-        reader: ObjectReader,
-        spool: Spool,
-        meta: MetadataCache,
-        stats: WriteStats,
-        spawn: Callable[[Coroutine[object, object, None]], None],
-    ) -> None:
-        self.cfg = cfg
-        self.reader = reader
-        self.spool = spool
-        self.meta = meta
-        self.stats = stats
-        self._spawn = spawn  # background work the write path cancels at close
-        self._upload_slots: asyncio.Semaphore | None = None
+    cfg: WriteConfig
+    reader: ObjectReader
+    spool: Spool
+    meta: MetadataCache
+    stats: WriteStats
+    spawn: Callable[[Coroutine[object, object, None]], None]
+    """Background work the write path cancels at close."""
+    _upload_slots: asyncio.Semaphore | None = field(init=False, default=None)
 
     def _slots(self) -> asyncio.Semaphore:
         if self._upload_slots is None:
@@ -201,7 +194,7 @@ class Uploader:
             sf.size = max([size, *ends[-1:]])
         up, sf.upload = sf.upload, None
         if up is not None:
-            self._spawn(self.abort(sf, up))
+            self.spawn(self.abort(sf, up))
         sf.part_versions = {i: v + 1 for i, v in sf.part_versions.items()}
 
     async def _upload(self, sf: StagedFile, meta: dict[str, str]) -> ObjectInfo:
@@ -211,7 +204,7 @@ class Uploader:
         if up is not None and (sf.size <= part or up.metadata != meta):
             # Metadata is fixed when an upload starts; a small result is one PUT.
             sf.upload = None
-            self._spawn(self.abort(sf, up))
+            self.spawn(self.abort(sf, up))
         if sf.size <= part:
             data = await self._build(sf, 0, sf.size)
             self.stats.puts += 1
@@ -233,7 +226,7 @@ class Uploader:
             # The upload is unusable (e.g. the store lost it): start over next time.
             if sf.upload is up:
                 sf.upload = None
-                self._spawn(self.abort(sf, up))
+                self.spawn(self.abort(sf, up))
             raise
         self.stats.multipart_uploads += 1
         return info
@@ -266,7 +259,7 @@ class Uploader:
                 {"export": sf.export.cfg.path, "key": sf.key, "upload_id": upload_id},
             )
             if sf.closed:
-                self._spawn(self.abort(sf, up))
+                self.spawn(self.abort(sf, up))
             else:
                 sf.upload = up
             fut.set_result(up)
