@@ -35,14 +35,14 @@ from pathlib import Path
 
 import structlog
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+import _common  # noqa: F401 (puts the repository on sys.path)
 
-from gateway.backend import open_store  # noqa: E402
-from gateway.backend.base import ObjectStore, StoreWrapper  # noqa: E402
-from gateway.clock import FakeClock  # noqa: E402
-from gateway.namespace import Namespace  # noqa: E402
-from gateway.namespace.config import NamespaceConfig  # noqa: E402
+from gateway.backend import open_store
+from gateway.backend.base import ObjectStore, StoreWrapper
+from gateway.clock import FakeClock
+from gateway.namespace import Namespace
+from gateway.namespace.config import NamespaceConfig
 
 DIR = "n01440764"
 TICK = os.sysconf("SC_CLK_TCK")

@@ -29,11 +29,16 @@ import hashlib
 import http.client
 import importlib
 import os
+import sys
 import time
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
+import _common  # noqa: F401 (puts the repository on sys.path)
 
 from gateway.backend import checksums, s3verify
 from gateway.backend.checksums import digest, py_crc32c, py_crc64nvme

@@ -9,19 +9,16 @@ deterministic (``random.Random(seed)``). Must not: talk NFS or start servers.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import random
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gateway.backend.base import ObjectStore
-from gateway.backend.s3 import S3Store
 from loadgen.seaweed import SeaweedServer
+from tests.harness.buckets import Buckets
 
-__all__ = ["Tree", "bucket_with", "make_tree", "md5", "upload_tree"]
+__all__ = ["Tree", "bucket_with", "make_tree", "md5"]
 
 MiB = 1024 * 1024
 LONG_NAME = "a-file-name-long-enough-that-its-handle-is-hashed-not-inline.jpg"
@@ -51,6 +48,12 @@ class Tree:
     def md5s(self) -> dict[str, str]:
         return {p: md5(b) for p, b in self.files.items()}
 
+    def objects(self) -> dict[str, bytes]:
+        """Full key -> body of what the bucket holds: the files and the markers."""
+        out = {self.prefix + p: b for p, b in self.files.items()}
+        out.update({self.prefix + d + "/": b"" for d in self.markers})
+        return out
+
     def train_files(self) -> list[str]:
         return sorted(p for p in self.files if p.startswith("train/"))
 
@@ -76,34 +79,9 @@ def make_tree(prefix: str = "ds/", *, classes: int = 6, per_class: int = 20, see
     return t
 
 
-async def upload_tree(tree: Tree, store: ObjectStore, concurrency: int = 16) -> None:
-    sem = asyncio.Semaphore(concurrency)
-
-    async def put(key: str, body: bytes) -> None:
-        async with sem:
-            await store.put(key, body)
-
-    await asyncio.gather(
-        *(put(tree.prefix + p, b) for p, b in tree.files.items()),
-        *(put(tree.prefix + d + "/", b"") for d in tree.markers),
-    )
-
-
 @contextlib.contextmanager
-def bucket_with(seaweed: SeaweedServer, tree: Tree, name: str | None = None) -> Iterator[str]:
-    """A new bucket holding ``tree``, deleted afterwards."""
-    name = name or f"tree-{uuid.uuid4().hex[:12]}"
-    seaweed.create_bucket(name)
-
-    async def fill() -> None:
-        store = S3Store(name, **seaweed.store_kwargs())
-        try:
-            await upload_tree(tree, store)
-        finally:
-            await store.close()
-
-    try:
-        asyncio.run(fill())
-        yield name
-    finally:
-        seaweed.delete_bucket(name)
+def bucket_with(seaweed: SeaweedServer, tree: Tree) -> Iterator[str]:
+    """A new bucket (``tree-<hex>``, made by ``tests.harness.buckets.Buckets``) holding
+    ``tree``, deleted afterwards."""
+    with Buckets(seaweed) as buckets:
+        yield buckets.make("tree", tree.objects())

@@ -16,6 +16,7 @@ import gc
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,7 @@ from gateway.errors import NotFound
 from gateway.namespace import NO_WATCHER, DirWatcher, Entry, EntryKind, Namespace, NamespaceConfig
 from gateway.namespace.columns import Columns, fold
 from gateway.namespace.index import JITTER
+from tests.harness.stores import GatedStore
 
 P = "exp/"
 DIRS = 100
@@ -44,9 +46,9 @@ def file_name(d: str, j: int) -> str:
 
 def make(
     dirs: int = DIRS, files: int = FILES, *, watcher: DirWatcher = NO_WATCHER, **cfg: object
-) -> tuple[MemoryStore, Namespace, FakeClock]:
+) -> tuple[GatedStore, Namespace, FakeClock]:
     clock = FakeClock()
-    store = MemoryStore(clock=clock)
+    store = GatedStore(clock=clock)
     for i in range(dirs):
         d = dir_name(i)
         for j in range(files):
@@ -253,31 +255,24 @@ async def test_background_relists_are_bounded() -> None:
     store, ns, clock = make(dirs=10, files=5, background_relists=2)
     await list_everything(ns, 10)
     clock.advance(61.0)
-    gate = asyncio.Event()
-    real = store.list_page
-
-    async def slow(*a: object, **kw: object) -> ListPage:
-        await gate.wait()
-        return await real(*a, **kw)  # type: ignore[arg-type]
-
-    store.list_page = slow  # type: ignore[method-assign]
+    gate = store.hold("list")
     for i in range(10):
         e = await ns.lookup(dir_name(i), file_name(dir_name(i), 0))  # stale: served at once
         assert e.kind is EntryKind.FILE
     assert ns.stats.relists == 2 and sum(d.listing is not None for d in ns._dirs.values()) == 2
-    gate.set()
+    gate.open()
     await ns.quiesce()
     for i in range(10):
         await ns.lookup(dir_name(i), file_name(dir_name(i), 0))
     await ns.quiesce()
     assert ns.stats.relists == 4  # two more, now that the slots are free
     # Past the hard limit the caller waits for its own re-list, slots or not.
-    gate.clear()
+    gate = store.hold("list")
     clock.advance(10 * 60.0 + 1)
     waiting = asyncio.ensure_future(ns.lookup(dir_name(0), file_name(dir_name(0), 1)))
     await asyncio.sleep(0)
     assert not waiting.done() and ns._dirs[dir_name(0)].listing is not None
-    gate.set()
+    gate.open()
     assert (await waiting).kind is EntryKind.FILE
 
 
@@ -295,61 +290,44 @@ async def test_no_growth_with_attr_ttl_max_zero() -> None:
     assert NamespaceConfig(attr_ttl_s=60.0, attr_ttl_max_s=30.0).ttl_max_s() == 60.0
 
 
-class BlockingStore(MemoryStore):
-    """LIST requests wait for ``release`` while ``blocked`` (from the page ``block_from``)."""
+class PagedStore(GatedStore):
+    """A ``GatedStore`` that numbers each listing's pages (``page[prefix]``, 0 for the first),
+    so that a gate can hold a listing from its page N on."""
 
     def __init__(self, clock: FakeClock) -> None:
         super().__init__(clock=clock)
-        self.blocked = False
-        self.block_from = 0
-        self.release = asyncio.Event()
-        self.waiting = 0
-        self._npage: dict[str, int] = {}
+        self.page: dict[str, int] = {}
 
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        token: str | None = None,
-        start_after: str | None = None,
-        max_keys: int = 1000,
-    ) -> ListPage:
-        n = self._npage[prefix] = 0 if token is None else self._npage.get(prefix, 0) + 1
-        page = await super().list_page(
-            prefix, delimiter=delimiter, token=token, start_after=start_after, max_keys=max_keys
-        )
-        if self.blocked and n >= self.block_from:
-            self.waiting += 1
-            await self.release.wait()
-        return page
+    async def list_page(self, prefix: str, **kw: Any) -> ListPage:
+        self.page[prefix] = 0 if kw.get("token") is None else self.page.get(prefix, 0) + 1
+        return await super().list_page(prefix, **kw)
 
 
 async def test_read_getattr_does_not_wait_for_a_relist() -> None:
     clock = FakeClock()
-    store = BlockingStore(clock)
+    store = PagedStore(clock)
     for j in range(3000):
         store.seed(f"{P}d/f{j:05d}", b"x")
     ns = Namespace(store, P, clock=clock, config=NamespaceConfig(attr_ttl_s=60.0))
     assert (await ns.getattr("d/f02500", current=True)).size == 1
     store.unseed(f"{P}d/f00010")  # deleted in the bucket, on the re-list's first page
-    store.blocked, store.block_from = True, 1
+    gate = store.hold("list", lambda prefix: store.page[prefix] >= 1)
     clock.advance(61)
     # The view is past its TTL: served at once, without waiting for the LIST.
     e = await asyncio.wait_for(ns.getattr("d/f02500", current=True), 1.0)
     assert e.size == 1
     for _ in range(100):
-        if store.waiting:
+        if gate.waiting:
             break
         await asyncio.sleep(0)
-    assert store.waiting == 1  # the re-list started, and is stuck on its second page
+    assert gate.waiting == 1  # the re-list started, and is stuck on its second page
     assert (await asyncio.wait_for(ns.getattr("d/f02999", current=True), 1.0)).size == 1
     # The re-list has passed f00010: a READ (current) sees it gone; other calls see the view.
     with pytest.raises(NotFound):
         await asyncio.wait_for(ns.getattr("d/f00010", current=True), 1.0)
     assert (await ns.getattr("d/f00010")).size == 1
     assert (await ns.lookup("d", "f00010")).size == 1
-    store.release.set()
+    gate.open()
     await ns.quiesce()
     with pytest.raises(NotFound):
         await ns.lookup("d", "f00010")

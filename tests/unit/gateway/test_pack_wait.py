@@ -11,54 +11,26 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from gateway.backend.base import GetResult, ObjectInfo, ObjectStore, RequestObserver, StoreWrapper
 from gateway.backend.memory import MemoryStore
 from gateway.exports import ExportConfig
 from gateway.pack.format import INDEX_NAME
 from gateway.pack.store import PackConfig, PackedStore
 from nfsproto.nfs3 import NfsStat3
 from tests.harness.memory import MemoryGateway, gateway_config
+from tests.harness.stores import Gate, GatedStore
 from tests.unit.gateway.test_pack_store import PACK, read_tree, tree, write_pack
 from tests.unit.ops.helpers import Http, admin_config
 
 
-class GatedIndex(StoreWrapper):
-    """The pack's store, whose index is not read until ``gate`` is set."""
-
-    def __init__(self, inner: ObjectStore, gate: asyncio.Event) -> None:
-        super().__init__(inner)
-        self.gate = gate
-
-    async def head(self, key: str) -> ObjectInfo:
-        if key.endswith(INDEX_NAME):
-            await self.gate.wait()
-        return await self.inner.head(key)
-
-    async def get(
-        self, key: str, start: int = 0, end: int | None = None, *, if_match: str | None = None
-    ) -> GetResult:
-        if key.endswith(INDEX_NAME):
-            await self.gate.wait()
-        return await self.inner.get(key, start, end, if_match=if_match)
-
-
-class SlowPackGateway(MemoryGateway):
-    """The in-memory gateway whose pack index is held back until ``gate`` is set."""
-
-    gate: asyncio.Event
-
-    def _store_for(self, ec: ExportConfig, observer: RequestObserver) -> ObjectStore:
-        store = super()._store_for(ec, observer)
-        return GatedIndex(store, self.gate) if ec.backend == PACK else store
-
-
-def slow_gateway(tmp_path: Path, store: MemoryStore, wait_s: float) -> SlowPackGateway:
+def slow_gateway(tmp_path: Path, store: GatedStore, wait_s: float) -> tuple[MemoryGateway, Gate]:
+    """The in-memory gateway over ``store``, whose pack index (its HEAD and GETs) is held
+    back until the gate returned opens."""
+    gate = store.hold(("head", "get"), lambda key: key.endswith(INDEX_NAME))
     ec = ExportConfig("/data", "s3://b/ds/", read_only=True, immutable=True, pack=PACK)
     cfg = gateway_config(tmp_path / "state", [ec], admin=admin_config())
-    gw = SlowPackGateway(cfg, store=store)
-    gw.gate = asyncio.Event()
+    gw = MemoryGateway(cfg, store=store)
     gw.server.pack_config = PackConfig(index_wait_s=wait_s)
-    return gw
+    return gw, gate
 
 
 def packed(gw: MemoryGateway) -> PackedStore:
@@ -88,12 +60,12 @@ async def list_classes(gw: MemoryGateway) -> list[Any]:
 
 async def test_listings_while_the_index_loads_wait_for_it(tmp_path: Path) -> None:
     files = tree()
-    store = MemoryStore("mem")
+    store = GatedStore("mem")
     for k, v in files.items():
         store.seed(k, v)
     write_pack(store, files)
     store.reset_counts()
-    gw = slow_gateway(tmp_path, store, wait_s=30.0)
+    gw, gate = slow_gateway(tmp_path, store, wait_s=30.0)
     async with gw:
         pack = packed(gw)
         http = Http(gw.server.metrics_port)
@@ -106,7 +78,7 @@ async def test_listings_while_the_index_loads_wait_for_it(tmp_path: Path) -> Non
         assert status == 503 and body["reason"] == "/data: pack index loading"
         assert body["packs"] == {"/data": "loading"}
         store.reset_counts()  # (the LIST /readyz sends to probe the bucket)
-        gw.gate.set()
+        gate.open()
         async with asyncio.timeout(10):
             answers = await client
         assert all(a.status == NfsStat3.NFS3_OK for a in answers)
@@ -124,12 +96,12 @@ async def test_listings_while_the_index_loads_wait_for_it(tmp_path: Path) -> Non
 
 async def test_an_index_that_does_not_come_is_waited_for_a_bounded_time(tmp_path: Path) -> None:
     files = tree(40)
-    store = MemoryStore("mem")
+    store = GatedStore("mem")
     for k, v in files.items():
         store.seed(k, v)
     write_pack(store, files)
     store.reset_counts()
-    gw = slow_gateway(tmp_path, store, wait_s=0.3)
+    gw, gate = slow_gateway(tmp_path, store, wait_s=0.3)
     with capture_logs() as logs:
         async with gw:
             pack = packed(gw)
@@ -148,7 +120,7 @@ async def test_an_index_that_does_not_come_is_waited_for_a_bounded_time(tmp_path
             http = Http(gw.server.metrics_port)
             assert (await http.json("GET", "/readyz"))[0] == 200
             # the index arrives later: it is used from then on
-            gw.gate.set()
+            gate.open()
             async with asyncio.timeout(10):
                 while pack.status != "ok":  # noqa: ASYNC110 - the index loads in a task
                     await asyncio.sleep(0.01)

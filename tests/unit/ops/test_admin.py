@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from gateway.backend.base import BackendUnavailable, ListPage
-from gateway.backend.memory import MemoryStore
+from gateway.backend.base import BackendUnavailable
 from gateway.clock import FakeClock
 from gateway.exports import ExportConfig
 from gateway.ops import cli
 from gateway.ops.configfile import ConfigErrors, ConfigIssue
 from nfsproto.nfs3 import NfsStat3
 from tests.harness.memory import MemoryGateway
+from tests.harness.stores import GatedStore
 from tests.unit.ops.helpers import Http, admin_config, sample
 
 OK = NfsStat3.NFS3_OK
@@ -225,43 +225,17 @@ async def test_warmup_metadata_then_data(tmp_path: Path) -> None:
         await http.close()
 
 
-class SlowStore(MemoryStore):
-    """Counts concurrent LIST and GET requests; each yields to the loop a few times."""
-
-    inflight = 0
-    peak = 0
-    gate: asyncio.Event | None = None
-
-    async def _slow(self) -> None:
-        SlowStore.inflight += 1
-        SlowStore.peak = max(SlowStore.peak, SlowStore.inflight)
-        try:
-            if SlowStore.gate is not None:
-                await SlowStore.gate.wait()
-            for _ in range(5):
-                await asyncio.sleep(0)
-        finally:
-            SlowStore.inflight -= 1
-
-    async def list_page(self, prefix: str, **kw: Any) -> ListPage:
-        await self._slow()
-        return await super().list_page(prefix, **kw)
-
-    async def get(self, key: str, start: int = 0, end: int | None = None, **kw: Any) -> Any:
-        await self._slow()
-        return await super().get(key, start, end, **kw)
-
-
 async def test_warmup_concurrency_is_bounded_and_cancellable(tmp_path: Path) -> None:
-    SlowStore.peak = SlowStore.inflight = 0
-    async with gateway(tmp_path, store=SlowStore(), files=files(6, dirs=12)) as gw:
+    # every LIST and GET takes a moment, so that the workers' requests overlap
+    store = GatedStore("mem", latency_s={"list": 0.005, "get": 0.005})
+    async with gateway(tmp_path, store=store, files=files(6, dirs=12)) as gw:
         http = Http(gw.server.metrics_port)
         body = {"path": "/data", "data": True, "concurrency": 3, "wait": True}
         status, job = await http.json("POST", "/v1/warmup", body)
         assert job["state"] == "done" and job["files_read"] == 72 and job["dirs_listed"] == 13
-        assert SlowStore.peak == 3  # never more than asked, and the bound was reached
+        assert store.peak == 3  # never more than asked, and the bound was reached
         # a job that cannot progress is cancelled with DELETE
-        SlowStore.gate = asyncio.Event()
+        gate = store.hold(("list", "get"))
         try:
             await http.json("POST", "/v1/invalidate", {"path": "/data", "subtree": True})
             status, job = await http.json("POST", "/v1/warmup", {"path": "/data"})
@@ -271,8 +245,7 @@ async def test_warmup_concurrency_is_bounded_and_cancellable(tmp_path: Path) -> 
             status, job = await http.json("DELETE", f"/v1/warmup/{job['id']}")
             assert status == 200 and job["state"] == "cancelled"
         finally:
-            SlowStore.gate.set()
-            SlowStore.gate = None
+            gate.open()
         assert (await http.json("GET", "/v1/warmup/999"))[0] == 404
         await http.close()
 
