@@ -140,24 +140,14 @@ class SpyStore(StoreWrapper):
             [objs[k] for k in sorted(objs)], sorted(prefixes), page.next_token, page.skipped
         )
 
-    async def list_page(
-        self,
-        prefix: str,
-        *,
-        delimiter: str | None = "/",
-        token: str | None = None,
-        start_after: str | None = None,
-        max_keys: int = 1000,
+    async def _list_page(
+        self, prefix: str, delimiter: str | None, token: str | None, after: str | None, limit: int
     ) -> ListPage:
-        page = await self.inner.list_page(
-            prefix, delimiter=delimiter, token=token, start_after=start_after, max_keys=max_keys
-        )
+        page = await super()._list_page(prefix, delimiter, token, after, limit)
         if self.extra_keys and page.next_token is None:
             page = self._inject(page, prefix, delimiter)
         return page
 
-    async def get(
-        self, key: str, start: int = 0, end: int | None = None, *, if_match: str | None = None
-    ) -> GetResult:
+    async def _get(self, key: str, start: int, end: int | None, if_match: str | None) -> GetResult:
         self.gets.append((key, start, end))
-        return await self.inner.get(key, start, end, if_match=if_match)
+        return await super()._get(key, start, end, if_match)
