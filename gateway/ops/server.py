@@ -40,7 +40,6 @@ import structlog
 from gateway import pmap_client
 from gateway.backend.base import ObjectStore, RequestObserver, StoreWrapper
 from gateway.clock import Clock, SystemClock
-from gateway.data import ObjectReader
 from gateway.data.prefetch import DataPrefetcher, PrefetchStats
 from gateway.dispatch import Dispatcher
 from gateway.drc import DuplicateRequestCache
@@ -61,7 +60,6 @@ from gateway.ops.workers import WorkerRole, until_signalled
 from gateway.pack.store import PackConfig, PackedStore
 from gateway.registry import Gateway
 from gateway.transport import CallHandler, ConnectionStats, RpcConnection
-from gateway.writes import WriteManager
 from nfsproto import mount3, nfs3, portmap
 
 log = structlog.get_logger(__name__)
@@ -111,8 +109,6 @@ class Server:
         self.fastpath: FastPath | None = None
         self.gc_watch = GcWatch()
         self.prefetch_stats = PrefetchStats()
-        self._writes: WriteManager | None = None
-        self._reader: ObjectReader | None = None
         self._exports: ExportBuilder | None = None
         self.dispatcher = Dispatcher(self.metrics, self.drc)
         self.conn_stats = ConnectionStats()
@@ -154,8 +150,6 @@ class Server:
             spawn=self._spawn,
         )
         gw = self.gateway = parts.gateway
-        self._writes = parts.writes
-        self._reader = parts.reader
         self.prefetcher = parts.prefetcher
         self.warmups = parts.warmups
         self.fastpath = fast = parts.fastpath
@@ -302,9 +296,7 @@ class Server:
     def _unwatch(self, path: str) -> None:
         old = self.probes.pop(path, None)
         if old is not None:
-            t = asyncio.get_running_loop().create_task(old.close())
-            self._retiring.add(t)
-            t.add_done_callback(self._retiring.discard)
+            self._spawn(old.close(), f"probe-close:{path}")
 
     def _status_changed(self) -> None:
         if self.announced and not self.stopping:
@@ -469,9 +461,7 @@ class Server:
             await asyncio.sleep(self.config.server.drain_timeout_s)
             await self._close_export(export)
 
-        t = asyncio.get_running_loop().create_task(close_later())
-        self._retiring.add(t)
-        t.add_done_callback(self._retiring.discard)
+        self._spawn(close_later(), f"export-close:{export.cfg.path}")
         self._retired_exports.append(export)
 
     @staticmethod
