@@ -126,14 +126,15 @@ _DISK_SHARED: Final = tuple(
 
 SampleKey = tuple[str, str, tuple[tuple[str, str], ...]]  # family, sample name, labels
 
-# A per-worker row of SUPERVISOR_METRICS -> the worker's value (None: no sample), from its slot
-# and the calls (nfsgw_rpc_requests_total) it reported.
-_PER_WORKER: Final[dict[str, Callable[[WorkerView, dict[int, float]], float | None]]] = {
-    "nfsgw_worker_up": lambda w, _: 1.0 if w.ready else 0.0,
-    "nfsgw_worker_restarts_total": lambda w, _: float(w.restarts),
-    "nfsgw_worker_crash_loop": lambda w, _: 1.0 if w.crash_looping else 0.0,
-    "nfsgw_worker_rpc_requests_total": lambda w, calls: calls.get(w.role.index),
+# A per-worker row of SUPERVISOR_METRICS read from the worker's slot -> its value.
+_FROM_SLOT: Final[dict[str, Callable[[WorkerView], float]]] = {
+    "nfsgw_worker_up": lambda w: 1.0 if w.ready else 0.0,
+    "nfsgw_worker_restarts_total": lambda w: float(w.restarts),
+    "nfsgw_worker_crash_loop": lambda w: 1.0 if w.crash_looping else 0.0,
 }
+# A gateway sample name -> the per-worker row that counts it (``MetricDef.per_worker_of``).
+_PER_WORKER_OF: Final = {d.per_worker_of: d.name for d in SUPERVISOR_METRICS if d.per_worker_of}
+Counted = dict[str, dict[int, float]]  # per-worker row -> worker index -> value
 
 
 @dataclass(slots=True)
@@ -263,19 +264,20 @@ class FleetAdmin:
         for w, ans in await self._ask_all("GET", "/metrics"):
             if ans is not None and ans[0] == 200 and isinstance(ans[1], str):
                 texts.append((w, ans[1]))
-        merged, per_worker_calls = self.merge(texts)
+        merged, counted = self.merge(texts)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families([*merged, *self._own(per_worker_calls)]))
+        registry.register(_Families([*merged, *self._own(counted)]))
         return generate_latest(registry)
 
-    def merge(self, texts: list[tuple[WorkerView, str]]) -> tuple[list[Metric], dict[int, float]]:
-        """Sum the workers' families (see the module docstring); also each worker's calls.
+    def merge(self, texts: list[tuple[WorkerView, str]]) -> tuple[list[Metric], Counted]:
+        """Sum the workers' families (see the module docstring); also, for each per-worker row
+        (``MetricDef.per_worker_of``), each worker's value.
         A worker that did not answer (restarting) counts with what it last reported, so the
         sums never go down."""
         answered = {w.role.index: text for w, text in texts}
         fams: dict[str, Metric] = {}
         values: dict[SampleKey, float] = {}
-        calls: dict[int, float] = {}
+        counted: Counted = {}
         for w in self.sup.workers:
             carry = self._carry.setdefault(w.role.index, _Carry())
             text = answered.get(w.role.index)
@@ -305,8 +307,10 @@ class FleetAdmin:
                 if fname not in fams:
                     doc, typ = self._types[fname]
                     fams[fname] = Metric(fname, doc, typ)
-                if fname == "nfsgw_rpc_requests" and sname.endswith("_total"):
-                    calls[w.role.index] = calls.get(w.role.index, 0.0) + v
+                row = _PER_WORKER_OF.get(sname)
+                if row is not None:
+                    per = counted.setdefault(row, {})
+                    per[w.role.index] = per.get(w.role.index, 0.0) + v
                 if key not in values:
                     values[key] = v
                 elif merge_of(fname) is Merge.MAX:
@@ -319,12 +323,12 @@ class FleetAdmin:
             "nfsgw_start_time_seconds", "Start time of the process (Unix time)"
         )
         start.add_metric([], self.start_time)
-        return [*fams.values(), start], calls
+        return [*fams.values(), start], counted
 
     def _monotonic(self, family: str) -> bool:
         return self._types[family][1] in ("counter", "histogram")
 
-    def _own(self, calls: dict[int, float]) -> Iterator[Metric]:
+    def _own(self, counted: Counted) -> Iterator[Metric]:
         sup = self.sup
         for d in SUPERVISOR_METRICS:
             kind = CounterMetricFamily if d.kind.value == "counter" else GaugeMetricFamily
@@ -332,12 +336,15 @@ class FleetAdmin:
             if not d.labels:  # nfsgw_workers: the fleet's size
                 if sup.workers:
                     fam.add_metric([], float(sup.count))
-            else:
-                read = _PER_WORKER[d.name]
+            elif d.per_worker_of:
+                per = counted.get(d.name, {})
                 for w in sup.workers:
-                    v = read(w, calls)
-                    if v is not None:
-                        fam.add_metric([str(w.role.index)], v)
+                    if w.role.index in per:
+                        fam.add_metric([str(w.role.index)], per[w.role.index])
+            else:
+                read = _FROM_SLOT[d.name]
+                for w in sup.workers:
+                    fam.add_metric([str(w.role.index)], read(w))
             yield fam
 
     # -- /v1 ------------------------------------------------------------------------------------

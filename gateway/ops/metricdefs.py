@@ -136,7 +136,9 @@ class Merge(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class MetricDef:
     """One exported family. Counters are named with their ``_total`` suffix. ``initial``:
-    label sets of a ``Hook`` family exposed at 0 before anything is recorded in them."""
+    label sets of a ``Hook`` family exposed at 0 before anything is recorded in them.
+    ``per_worker_of``: on a supervisor row labelled by worker, the gateway sample (a
+    counter's ``_total``) whose values it gives for each worker, summed over labels."""
 
     name: str
     kind: Kind
@@ -145,6 +147,7 @@ class MetricDef:
     source: Source
     merge: Merge = Merge.SUM
     initial: tuple[tuple[str, ...], ...] = ()
+    per_worker_of: str = ""
 
 
 COUNTER, GAUGE, HISTOGRAM = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
@@ -604,7 +607,7 @@ SUPERVISOR_METRICS: tuple[MetricDef, ...] = (
        "1 while the worker keeps dying young (its restarts back off)", ("worker",),
        Hook.SUPERVISOR),
     _M("nfsgw_worker_rpc_requests_total", COUNTER, "RPC calls served by each worker",
-       ("worker",), Hook.SUPERVISOR),
+       ("worker",), Hook.SUPERVISOR, per_worker_of="nfsgw_rpc_requests_total"),
 )  # fmt: skip
 
 

@@ -76,7 +76,8 @@ nfsgw_rpc_duration_seconds_sum{{proc="NFS3.READ",status="ok"}} 0.5
 
 
 def _values(api: FleetAdmin, texts: list[tuple[_Worker, str]]) -> dict[str, float]:
-    fams, calls = api.merge(texts)  # type: ignore[arg-type]
+    fams, counted = api.merge(texts)  # type: ignore[arg-type]
+    calls = counted.get("nfsgw_worker_rpc_requests_total", {})
     out = {}
     for f in fams:
         for s in f.samples:
@@ -128,9 +129,9 @@ def test_merged_metrics_parse_as_prometheus_text() -> None:
 
     w0, w1 = _Worker(_Role(0, True), 100), _Worker(_Role(1), 101)
     api = FleetAdmin(_Fleet([w0, w1]))  # type: ignore[arg-type]
-    fams, calls = api.merge([(w0, _text(10, 4)), (w1, _text(5, 1))])
+    fams, counted = api.merge([(w0, _text(10, 4)), (w1, _text(5, 1))])
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(_Families([*fams, *api._own(calls)]))
+    reg.register(_Families([*fams, *api._own(counted)]))
     text = generate_latest(reg).decode()
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"nfsgw_rpc_requests", "nfsgw_workers", "nfsgw_worker_up"} <= names
@@ -189,3 +190,19 @@ async def test_fleet_routes_without_workers() -> None:
                 assert (r.status, await r.json()) == (200, [])
     finally:
         await api.stop()
+
+
+def test_every_per_worker_row_has_one_source() -> None:
+    """A supervisor row labelled by worker is read from the worker's slot or counts a gateway
+    counter (``per_worker_of``), never both or neither; the counter is one the gateway exports."""
+    from gateway.ops.fanout import _FROM_SLOT
+    from gateway.ops.metricdefs import METRICS, SUPERVISOR_METRICS, Kind
+
+    counters = {m.name for m in METRICS if m.kind is Kind.COUNTER}
+    rows = [d for d in SUPERVISOR_METRICS if d.labels]
+    assert rows
+    for d in rows:
+        assert (d.name in _FROM_SLOT) != bool(d.per_worker_of), d.name
+        if d.per_worker_of:
+            assert d.per_worker_of in counters, d.name
+    assert set(_FROM_SLOT) <= {d.name for d in rows}
