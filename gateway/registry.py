@@ -1,6 +1,6 @@
 """The export registry as handlers see it: exports by id and path, mounts, the handle codec,
 the data reader, the write manager and the NFS settings (``NfsConfig``: READ/WRITE sizes), all
-built and injected by ``gateway.ops.server``; and ``resolve``: handle -> (export, entry) with
+built and injected by ``gateway.ops.build``; and ``resolve``: handle -> (export, entry) with
 the export's client check and squash rule.
 
 Must not: build any of its parts, touch sockets or encode replies.

@@ -22,7 +22,7 @@ default with a config file; the HTTP side, the bearer token and the listeners ar
                      ``DELETE`` cancels.
 - ``POST /v1/reload``  like SIGHUP
 
-Depends on what it is given by the composition root (``gateway.ops.server``): the export
+Depends on what it is given by the server (``gateway.ops.server``): the export
 registry, the metrics, the warm-ups, a clock, and ``Served``, the few things only the process
 itself knows (its configuration, port, life-cycle state and reload).
 
