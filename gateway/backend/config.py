@@ -128,11 +128,13 @@ class S3Config:
         default=False, metadata=setting(boolean, "unsigned requests (public buckets)")
     )
     max_connections: int = field(
-        default=64,
+        default=96,
         metadata=setting(
             int_in(1, 4096), "concurrent backend connections", flag="--s3-max-connections"
         ),
     )
+    """Above the data layer's GET slots (``max_inflight_fetches``, 72), so listings and
+    HEADs never wait for a connection behind a full set of fetches."""
     lean_http: bool = field(
         default=True,
         metadata=setting(

@@ -74,7 +74,7 @@ class PrefetchConfig:
         ),
     )
     concurrency: int = field(
-        default=32,
+        default=64,
         metadata=setting(
             int_in(1, 1024),
             "most objects the data prefetcher fetches at once (it backs off under SlowDown/503)",
@@ -168,10 +168,13 @@ class DataConfig:
     """Per stream; also capped at half the cache's read-ahead share."""
     max_request_bytes: int = 8 * MiB
     """Largest ranged GET read-ahead coalesces adjacent blocks into (at least one block)."""
-    max_inflight_fetches: int = 40
-    max_readahead_fetches: int = 32
+    max_inflight_fetches: int = 72
+    max_readahead_fetches: int = 64
     """Of ``max_inflight_fetches`` (read-ahead, data prefetch and warm-ups); the rest is
-    reserved for demand fetches."""
+    reserved for demand fetches. A cold epoch runs at about (GETs in flight) / (GET time):
+    64 hide ~45 ms per GET at ~1,400 objects/s, where 32 capped an epoch over a 20 ms store
+    at ~700 files/s (docs/benchmarks.md, "More GETs in flight"). Bytes stay bounded by
+    ``max_readahead_inflight_bytes`` and the prefetcher's ``prefetch_inflight``."""
     max_readahead_inflight_bytes: int = 256 * MiB
     """Read-ahead requested but not landed yet (running or queued for a slot)."""
     max_streams: int = 4096
