@@ -110,9 +110,10 @@ up instead of holding the same subset, the memory tier's admission prefers entri
 Bad conditions (decided per case; tests/unit/gateway/test_disk_cache.py)
 ------------------------------------------------------------------------
 * ``cache_dir`` missing: created (0700), with its parents.
-* not creatable, not a directory, not writable (EACCES, EROFS, ENOTDIR...): the gateway starts
-  with the memory tier only and logs ``disk_cache_disabled`` at error level with the reason;
-  ``nfsgw_disk_cache_enabled`` is 0. A cache is an optimisation: the service stays up.
+* not creatable, not a directory, not writable, no hard links (EACCES, EROFS, ENOTDIR,
+  EPERM...): the gateway starts with the memory tier only and logs ``disk_cache_disabled`` at
+  error level with the reason; ``nfsgw_disk_cache_enabled`` is 0. A cache is an
+  optimisation: the service stays up.
 * the filesystem below ``disk_min_free`` (at start or later, e.g. another tenant filled it):
   the tier keeps serving what it holds and refuses new entries
   (``nfsgw_disk_cache_refused_total{reason="full"}``) until space returns; a write failing

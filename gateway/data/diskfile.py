@@ -586,7 +586,8 @@ def sweep_old_layouts(cache_dir: str, limit: int) -> bool:
 
 
 def prepare(cache_dir: Path) -> tuple[str, int, int]:
-    """Create the layout and prove it writable; (root, fs size, fs free). Raises OSError."""
+    """Create the layout and prove it writable, hard links included; (root, fs size, fs
+    free). Raises OSError."""
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not cache_dir.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(cache_dir))
@@ -595,10 +596,15 @@ def prepare(cache_dir: Path) -> tuple[str, int, int]:
     for sub in (*_SUBDIRS, LOCKS):
         (root / sub).mkdir(mode=0o700, exist_ok=True)
     probe = root / f".probe.{os.getpid()}"
+    linked = root / f".probe.{os.getpid()}.link"
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         os.close(fd)
-        os.unlink(probe)
+        try:
+            os.link(probe, linked)  # bundles need hard links (not every filesystem has them)
+            os.unlink(linked)
+        finally:
+            os.unlink(probe)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):  # full: start, refuse new entries
             raise

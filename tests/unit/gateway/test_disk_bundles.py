@@ -378,3 +378,16 @@ async def test_an_old_layout_is_removed_in_bounded_steps_and_never_read(
     assert rounds == 3 and disk._swept
     assert (tmp_path / "v2" / "ff").is_dir()
     await disk.close()
+
+
+async def test_a_filesystem_without_hard_links_turns_the_tier_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_links(src: Any, dst: Any, **kw: Any) -> None:
+        raise OSError(1, "Operation not permitted", str(dst))
+
+    monkeypatch.setattr(os, "link", no_links)
+    stats = DiskStats()
+    assert await DiskStore.open(tmp_path, DiskConfig(budget=MiB, min_free=0), stats) is None
+    assert stats.enabled == 0
+    assert not [p for p in (tmp_path / "v2").iterdir() if p.name.startswith(".")]
