@@ -52,12 +52,25 @@ class DiskConfig:
     claim_wait_s: float = 30.0
     """Longest a fetch waits for another worker's fetch of the same entry before it fetches
     itself (a worker stuck on a backend that never answers must not stall the others)."""
+    bundle_entries: int = 64
+    """Most entries written as one bundle (one file, a hard link per entry: creating and
+    evicting files costs the filesystem more CPU than their bytes); at most 127 (the table
+    fits the bundle's first 4 KiB page)."""
+    bundle_bytes: int = 8 * MiB
+    """A batch is written as a bundle once its entries reach this many bytes."""
+    bundle_window_s: float = 0.05
+    """... or this long after its first entry joined it, whichever comes first (a publish
+    completes, and a shared tier's other workers see the entry, when its bundle is written)."""
 
     def __post_init__(self) -> None:
         if self.threads < 1 or self.max_pending_write_bytes < 0:
             raise ValueError("threads must be >= 1 and max_pending_write_bytes >= 0")
         if self.rescan_interval_s <= 0 or self.touch_interval_s <= 0:
             raise ValueError("rescan_interval_s and touch_interval_s must be > 0")
+        if not 1 <= self.bundle_entries <= 127 or self.bundle_bytes < 1:
+            raise ValueError("bundle_entries must be in [1, 127] and bundle_bytes >= 1")
+        if self.bundle_window_s < 0:
+            raise ValueError("bundle_window_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

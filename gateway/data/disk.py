@@ -1,13 +1,14 @@
-"""The local-disk tier of the data cache: verified entry files under ``server.cache_dir``,
-shared by every worker process of the host, surviving restarts (DESIGN §3 "Data cache: two
-levels").
+"""The local-disk tier of the data cache: verified entries under ``server.cache_dir``, shared
+by every worker process of the host, surviving restarts (DESIGN §3 "Data cache: two levels").
 
-Owns: the files under ``<cache_dir>/v1/``, their format and verification, this process's view
-of their total size, admission to and eviction from the tier, the free-space floor, and the
-threads that do the file I/O. Must not: touch the event loop's thread with file I/O (every
-``open``/``pread``/``write``/``rename``/``stat`` runs on the tier's own bounded executor), fail
-a READ (every error is counted and turns into a miss or a skipped publish), know about NFS, or
-talk to the backend (``ObjectReader`` fetches; this module stores).
+Owns: the files under ``<cache_dir>/v2/``, their format and verification, the batches of
+entries waiting to be written as one bundle, this process's view of their total size,
+admission to and eviction from the tier, the free-space floor, the removal of an older
+layout's directory, and the threads that do the file I/O. Must not: touch the event loop's
+thread with file I/O (every ``open``/``pread``/``writev``/``link``/``stat`` runs on the tier's
+own bounded executor), fail a READ (every error is counted and turns into a miss or a skipped
+publish), know about NFS, or talk to the backend (``ObjectReader`` fetches; this module
+stores).
 
 The host's one data cache
 -------------------------
@@ -16,13 +17,13 @@ Every configuration has the tier (``resolve_cache_dir``: ``server.cache_dir``, s
 workers of ``--workers auto`` share it. With several workers it is *shared*
 (``DiskStore(shared=True)``):
 
-* **Held once.** A hit returns the body as a read-only mapping of the entry file
-  (``diskfile.map_entry``, verified once), and a publish hands the writer a mapping of what it
-  wrote (the reader swaps its private copy for it: ``DataCache.swap``). The pages are the page
-  cache's: N workers serving a file hold it once. The memory tier charges a mapping
-  ``1 / workers`` of its size.
+* **Held once.** A hit returns the body as a read-only mapping (a slice of a mapping of the
+  entry's bundle: ``diskfile.map_entry``, verified once), and a publish hands the writer a
+  mapping of what it wrote (the reader swaps its private copy for it: ``DataCache.swap``).
+  The pages are the page cache's: N workers serving a file hold it once. The memory tier
+  charges a mapping ``1 / workers`` of the pages it spans.
 * **Fetched once.** Before a GET a worker ``claim``\\s the entry: an exclusive ``flock`` on one
-  of 4,096 lock files (``v1/locks/<3 hex>``), taken without blocking on the executor, held
+  of 4,096 lock files (``v2/locks/<3 hex>``), taken without blocking on the executor, held
   until the entry is in place, dropped by the kernel if the process dies. A worker finding
   it held polls (1 ms, doubling to 20 ms) until it can take it or the entry appears (then it
   reads the entry), for at most ``claim_wait_s``, then fetches anyway (``claim_timeouts``;
@@ -31,36 +32,57 @@ workers of ``--workers auto`` share it. With several workers it is *shared*
 Sharing without a coordinator
 -----------------------------
 * **Names are identities.** An entry holds bytes ``[start, start + length)`` of one object
-  version; its file is ``v1/<2 hex>/<32 hex>``, the BLAKE2b-128 of (store name, key, ETag,
+  version; its name is ``v2/<2 hex>/<32 hex>``, the BLAKE2b-128 of (store name, key, ETag,
   start, length). Any worker computes the same name, so what one wrote every other finds with
   one ``open``; a replaced object has a new ETag, hence a new name: an old version is never
   served (it ages out). A change of ``block_size`` changes the ranges, hence the names.
-* **Atomic publish.** A writer writes ``.tmp.<pid>.<n>`` in the entry's own directory and
-  ``rename``\\s it over the name. A reader sees the whole old file, the whole new one, or none;
-  never a half-written one. No ``fsync``: after a power loss a renamed file may hold zeros or
-  garbage, which the checksum catches (below), so durability is not paid for on every write.
-  Temporary files a crashed process left behind are removed by the next scan after an hour.
-* **Verified on every read.** A file is a 36-byte header (magic ``NFGC``, format version,
-  identity length, start, length, CRC-32 of the body, CRC-32 of the header and identity),
-  the identity bytes, then the body. A read checks the file size, the header, the identity
-  (a hash collision cannot serve another object), and the body's CRC-32 (``zlib.crc32``,
-  4 GB/s here: 27 us for a 110 kB image, on the executor's thread, which releases the GIL for
-  it). A whole disk hit of a 110 kB entry in the page cache costs ~85 us of CPU (thread hop,
-  open, fstat, two preads, CRC, close). A bad entry is unlinked (if it is still the same
-  inode), counted (``nfsgw_disk_cache_corrupt_total``) and the READ fetches it again.
+* **Bundles: one file, many names.** The file behind a name is a *bundle* holding up to
+  ``bundle_entries`` entries (``diskfile``: a table, then the entries), one hard link per
+  entry: creating, renaming and evicting files is what costs a filesystem CPU, not their
+  bytes (ext4 without a journal: 180-270 us per 110 kB entry file, ~47 us per entry in
+  bundles of 64, here). ``publish`` adds an admitted entry to the open batch, written as one
+  bundle once it holds ``bundle_entries`` entries or ``bundle_bytes``, or ``bundle_window_s``
+  after its first entry, whichever comes first; each publish task completes when its bundle
+  is written. ``store`` (warm-ups, which wait for each write) writes the open batch at once.
+  ``drain`` and ``close`` write the open batch.
+* **Atomic publish.** A writer writes the bundle as ``.tmp.<pid>.<n>.<unix s>`` (one
+  ``writev``), ``link``\\s it under each entry's name (a name that exists already: another
+  process published that entry, counted as a duplicate fetch), then unlinks the temporary
+  name. A reader sees a whole bundle or no name; never a half-written one. No ``fsync``: after
+  a power loss a file may hold zeros or garbage, which the checksums catch (below), so
+  durability is not paid for on every write. A crashed writer leaves a temporary name (the
+  next scan removes it an hour after the time in its name) and maybe some of the entries'
+  names, each verified on its own.
+* **Verified on every read.** A read opens the name, finds the entry in its bundle's table
+  (CRC-32 of the table), then checks the entry's 36-byte header (magic ``NFGC``, format
+  version, identity length, start, length, CRC-32 of the body, CRC-32 of the header and
+  identity), the identity (a hash collision cannot serve another object), the size, and the
+  body's CRC-32 (``zlib.crc32``, 4 GB/s here: 27 us for a 110 kB image, on the executor's
+  thread, which releases the GIL for it). A whole disk hit of a 110 kB entry in the page
+  cache costs ~85 us of CPU (thread hop, open, fstat, preads, CRC, close). A bad entry (or a
+  name its bundle does not list) has its name unlinked (if it is still the same inode): the
+  bundle's other entries stay, each verified when read; it is counted
+  (``nfsgw_disk_cache_corrupt_total``) and the READ fetches it again.
 * **Budget without a shared counter.** Each process scans the directory (``os.scandir`` +
-  ``stat`` per file, on the executor) at start and then at most every ``rescan_interval_s``
+  ``stat`` per name, on the executor) at start and then at most every ``rescan_interval_s``
   (30 s; and never more often than 20x the last scan took, so scans cost <= 5 % of a thread),
-  or sooner once it has itself written 2 % of the budget. A scan costs ~5 us of CPU per file
-  (0.26 s for 50,000 files here), partly under the GIL: ~6.5 s at 1.28 M files. Between
-  scans it adds its own writes. A process therefore does not see the other workers' writes
-  since its last scan: the directory can overshoot the budget by what the others wrote in
-  that time; the next scan sees it and evicts back to 95 % of the budget. Files are charged
-  their size rounded up to 4 KiB. The free-space floor (``disk_min_free``) is checked with
-  ``statvfs`` before each write, so the filesystem is never filled, whoever else writes to it.
-* **Shared access clock.** A hit sets the file's mtime (``os.utime``), in batches every
-  ``touch_interval_s``; a scan keeps the oldest files (by mtime) as eviction candidates, and
-  a candidate touched since the scan is skipped when its turn comes.
+  or sooner once it has itself written 2 % of the budget. A scan costs ~5 us of CPU per name
+  (0.26 s for 50,000 here), partly under the GIL: ~6.5 s at 1.28 M names. Between scans it
+  adds its own writes. A process therefore does not see the other workers' writes since its
+  last scan: the directory can overshoot the budget by what the others wrote in that time;
+  the next scan sees it and evicts back to 95 % of the budget. Each inode (``st_ino``: a
+  bundle's names share one) is charged once, its size rounded up to 4 KiB; entries are
+  reserved one by one when admitted (their bundle's table with the batch's first). The
+  free-space floor (``disk_min_free``) is checked with ``statvfs`` before each bundle is
+  written, so the filesystem is never filled, whoever else writes to it.
+* **Shared access clock, eviction by bundle.** A hit sets its name's mtime (``os.utime``), in
+  batches every ``touch_interval_s``: that is the bundle's mtime, shared by its names, so the
+  LRU order is the bundles'. A scan keeps the oldest bundles (by mtime, holding at most
+  ``MAX_CANDIDATES`` names) as eviction candidates, each with every name it saw for it. A
+  victim is a whole bundle: its names are unlinked unless it was touched since the scan. Its
+  space returns with its last name (a name the scan did not see, a crashed writer's
+  temporary name or a mapping keeps it), and only what eviction really freed
+  (``st_nlink``) is taken off the accounting.
 
 Admission and eviction (scan- and shuffle-resistant, like the memory tier)
 ---------------------------------------------------------------------------
@@ -68,11 +90,16 @@ While the tier has room, every fetched block is published. When it is full, a ne
 win the same duel as the memory tier's (``gateway.data.cache``): its visit count *before* this
 visit must exceed the least recently used candidates' (``est(new) - 1 > est(victim)``, ties to
 the incumbent). Visits are counted per process in a ``FrequencySketch`` keyed by the entry's
-name (every lookup that reaches the tier). In shuffled epochs over a dataset larger than the
-tier, every entry is visited once per epoch, the duel is a tie, and the tier freezes on one
-subset: hit ratio ~ tier / dataset, where LRU would evict exactly what the epoch has not read
-yet. A working set read repeatedly gains counts and takes over. With several workers each
-sees a share of the visits; the comparison stays fair on average (more noise, a little churn).
+name (every lookup that reaches the tier). A victim is a bundle: its count is its most visited
+name's (the max: evicting a bundle loses all its entries, so one hot entry protects it; the
+first name alone would be a random sample of 64). It is computed once per candidate: a name's
+count rises only when a lookup reaches the tier, and a hit on it makes the bundle no victim.
+One win frees a whole bundle, whose room then takes the next entries without a duel. In
+shuffled epochs over a dataset larger than the tier, every entry is visited once per epoch,
+the duel is a tie, and the tier freezes on one subset: hit ratio ~ tier / dataset, where LRU
+would evict exactly what the epoch has not read yet. A working set read repeatedly gains
+counts and takes over. With several workers each sees a share of the visits; the comparison
+stays fair on average (more noise, a little churn).
 
 The memory tier in front of it is per process and stays small and hot; the OS page cache,
 shared by all workers, is the host-wide memory tier for these files. To make the two tiers add
@@ -83,14 +110,18 @@ up instead of holding the same subset, the memory tier's admission prefers entri
 Bad conditions (decided per case; tests/unit/gateway/test_disk_cache.py)
 ------------------------------------------------------------------------
 * ``cache_dir`` missing: created (0700), with its parents.
-* not creatable, not a directory, not writable (EACCES, EROFS, ENOTDIR...): the gateway starts
-  with the memory tier only and logs ``disk_cache_disabled`` at error level with the reason;
-  ``nfsgw_disk_cache_enabled`` is 0. A cache is an optimisation: the service stays up.
+* not creatable, not a directory, not writable, no hard links (EACCES, EROFS, ENOTDIR,
+  EPERM...): the gateway starts with the memory tier only and logs ``disk_cache_disabled`` at
+  error level with the reason; ``nfsgw_disk_cache_enabled`` is 0. A cache is an
+  optimisation: the service stays up.
 * the filesystem below ``disk_min_free`` (at start or later, e.g. another tenant filled it):
   the tier keeps serving what it holds and refuses new entries
   (``nfsgw_disk_cache_refused_total{reason="full"}``) until space returns; a write failing
   with ENOSPC/EIO refuses new entries for 10 s. A client READ never fails because of the tier.
 * ``cache.disk = 0``: no disk tier.
+* a directory of an older layout next to this one (``<cache_dir>/v1``: one file per entry,
+  never read by this version): removed in the background, ``SWEEP_FILES`` files per
+  maintenance round (4,096 every 10 s: 1.28 M files in under an hour), by every worker.
 """
 
 from __future__ import annotations
@@ -99,6 +130,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -110,7 +142,7 @@ import structlog
 from gateway.clock import Clock, SystemClock
 from gateway.data import diskfile as files
 from gateway.data.config import DiskConfig
-from gateway.data.diskfile import DiskKey, disk_key
+from gateway.data.diskfile import DiskKey, Victim, disk_key
 from gateway.data.sketch import FrequencySketch
 from gateway.data.stats import DiskStats
 
@@ -134,6 +166,7 @@ MAX_CANDIDATES: Final = 65_536  # oldest entries a scan keeps as eviction candid
 MAX_TOUCHED: Final = 65_536  # hits waiting for their mtime update
 ERROR_BACKOFF_S: Final = 10.0
 CLAIM_POLL_S: Final = (0.001, 0.02)  # first and longest pause between claim attempts
+SWEEP_FILES: Final = 4096  # files of an older layout removed per maintenance round
 
 
 def resolve_cache_dir(configured: Path | None, state_dir: Path) -> Path:
@@ -193,6 +226,22 @@ class Claim:
 
 _NO_CLAIM: Final = Claim(-1, False)
 _FAILED: Final = -1  # a write that raised (counted and logged)
+
+
+class _Batch:
+    """Entries waiting to be written as one bundle, and their publishers' futures."""
+
+    __slots__ = ("data", "futures", "keys", "nbytes", "table", "timer")
+
+    def __init__(self) -> None:
+        self.keys: list[DiskKey] = []
+        self.data: list[bytes | memoryview] = []
+        self.futures: list[asyncio.Future[tuple[int, memoryview | None]]] = []
+        self.nbytes = 0
+        self.table = 0  # the table's charge reserved for the bundle (settled once written)
+        self.timer: asyncio.TimerHandle | None = None
+
+
 _STORED: Final = {files.WRITTEN: "written", files.PRESENT: "present", files.FULL: "refused"}
 
 
@@ -224,7 +273,7 @@ class DiskStore:
         self._reserved = 0  # charges of writes admitted and not finished
         self._pending = 0  # body bytes of those writes
         self._written_since_scan = 0
-        self._oldest: deque[tuple[int, str, int]] = deque()
+        self._oldest: deque[Victim] = deque()
         self._touched: set[str] = set()
         self._writing: set[str] = set()
         self._tasks: set[asyncio.Task[object]] = set()
@@ -234,6 +283,8 @@ class DiskStore:
         self._seq = itertools.count()
         self._maint: asyncio.Task[None] | None = None
         self._closed = False
+        self._batch: _Batch | None = None  # the open batch (entries join it: ``publish``)
+        self._swept = False  # an older layout's directory is gone (``sweep_old_layouts``)
         self._errors_logged = 0
         stats.enabled = 1
         stats.budget_bytes = budget
@@ -328,10 +379,9 @@ class DiskStore:
         no body allocated by the tier's threads), else a copy."""
         self._sketch.increment(k.hash64)
         st = self.stats
-        read = files.map_entry if mapped else files.read_entry
         try:
-            status, body, why = await asyncio.get_running_loop().run_in_executor(
-                self._ex, read, self.path(k), k
+            status, body, why, freed = await asyncio.get_running_loop().run_in_executor(
+                self._ex, files.verify, self.path(k), k, mapped
             )
         except OSError as e:
             st.read_errors += 1
@@ -346,15 +396,16 @@ class DiskStore:
             return body
         if status == files.BAD:
             st.corrupt += 1
-            self._used = max(0, self._used - k.charge)
+            st.entries -= 1
+            self._used = max(0, self._used - freed)  # its bundle's, when it was the last name
             log.warning("disk_cache_entry_dropped", entry=k.name, reason=why)
         st.misses += 1
         return None
 
     async def contains(self, k: DiskKey) -> bool:
-        """Whether an entry of the right size is present (not verified: a read verifies)."""
+        """Whether the entry's name is present (not verified: a read verifies)."""
         return await asyncio.get_running_loop().run_in_executor(
-            self._ex, files.exists, self.path(k), k.file_bytes
+            self._ex, files.exists, self.path(k)
         )
 
     async def claim(self, k: DiskKey) -> Claim:
@@ -390,10 +441,12 @@ class DiskStore:
 
     def admit(self, k: DiskKey) -> bool:
         """Whether ``k`` should be published now (the duel when the tier is full); reserves
-        its room. Synchronous, on the loop; call ``publish`` next when True."""
+        its room (and its bundle's table when it will open a batch). Synchronous, on the
+        loop; call ``publish`` next when True."""
         if not self._writable(k):
             return False
-        need = self._used + k.charge - self.budget_bytes
+        table = self._table_charge(k, alone=False) if self._opens_batch(k) else 0
+        need = self._used + table + k.charge - self.budget_bytes
         if need > 0 and not self._make_room(k, need):
             return False
         self._reserve(k)
@@ -405,12 +458,16 @@ class DiskStore:
         data: bytes | memoryview,
         mapped: Callable[[memoryview], None] | None = None,
     ) -> asyncio.Task[bool]:
-        """Write an admitted ``k`` in the background (failures are counted, never raised);
-        the task says whether it was written. A shared tier then hands the written body, as
-        a mapping of the entry, to ``mapped`` (the caller drops its private copy for it)."""
+        """Write an admitted ``k`` in the background (failures are counted, never raised): it
+        joins the open batch, written as one bundle once it holds ``bundle_entries`` entries
+        or ``bundle_bytes``, or ``bundle_window_s`` after its first entry; the task says,
+        once that bundle is written, whether ``k`` was. A shared tier then hands the written
+        body, as a mapping of the bundle, to ``mapped`` (the caller drops its private copy
+        for it)."""
+        fut = self._join(k, data)
 
         async def run() -> bool:
-            status, view = await self._write(k, data)
+            status, view = await fut
             if view is not None and mapped is not None:
                 mapped(view)
             return status == files.WRITTEN
@@ -423,14 +480,19 @@ class DiskStore:
     async def store(self, k: DiskKey, data: bytes) -> str:
         """Warm-up's write: never evicts. "written", "present" (another process published
         it meanwhile), "budget" (the tier is full: stop), "refused" (floor, backlog or a
-        recent error) or "error"."""
-        if self._used + k.charge > self.budget_bytes:
+        recent error) or "error". A warm-up waits for each write: ``k`` joins the open batch
+        and the batch is written at once (no window)."""
+        table = self._table_charge(k, alone=True) if self._opens_batch(k) else 0
+        if self._used + table + k.charge > self.budget_bytes:
             self.stats.refused_budget += 1
             return "budget"
         if not self._writable(k):
             return "refused"
         self._reserve(k)
-        status, _ = await self._write(k, data)
+        fut = self._join(k, data, alone=True)
+        if self._batch is not None:
+            self._flush(self._batch)
+        status, _ = await fut
         return _STORED.get(status, "error")
 
     def _writable(self, k: DiskKey) -> bool:
@@ -455,112 +517,194 @@ class DiskStore:
         self._pending += k.length
         self._gauges()
 
+    def _opens_batch(self, k: DiskKey) -> bool:
+        """Whether ``k`` will not fit in the open batch (it opens a new one)."""
+        b = self._batch
+        cfg = self.config
+        return b is None or (
+            len(b.keys) >= cfg.bundle_entries or b.nbytes + k.file_bytes > cfg.bundle_bytes
+        )
+
+    def _table_charge(self, k: DiskKey, alone: bool) -> int:
+        """What to reserve for the table of a bundle ``k`` opens (at most; settled when it is
+        written): of a bundle of one when ``alone`` (written at once), else of a full one."""
+        return files.table_charge(k.file_bytes, 1 if alone else self.config.bundle_entries)
+
+    def _join(
+        self, k: DiskKey, data: bytes | memoryview, alone: bool = False
+    ) -> asyncio.Future[tuple[int, memoryview | None]]:
+        """Add a reserved ``k`` to the open batch (opening one, its table reserved, when it
+        does not fit; ``alone``: the caller writes the batch at once); the future of its
+        outcome: (``diskfile`` outcome or ``_FAILED``, the mapping of its body when the tier
+        is shared and it was written)."""
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        if self._opens_batch(k) and self._batch is not None:
+            self._flush(self._batch)
+        b = self._batch
+        if b is None:
+            b = self._batch = _Batch()
+            b.table = self._table_charge(k, alone)
+            self._used += b.table
+            self._reserved += b.table
+            b.timer = loop.call_later(cfg.bundle_window_s, self._flush, b)
+        fut: asyncio.Future[tuple[int, memoryview | None]] = loop.create_future()
+        b.keys.append(k)
+        b.data.append(data)
+        b.futures.append(fut)
+        b.nbytes += k.file_bytes
+        if len(b.keys) >= cfg.bundle_entries or b.nbytes >= cfg.bundle_bytes:
+            self._flush(b)
+        return fut
+
+    def _flush(self, b: _Batch) -> None:
+        """Start writing ``b`` (the open batch) as one bundle; no-op once it was started."""
+        if self._batch is not b:
+            return
+        self._batch = None
+        if b.timer is not None:
+            b.timer.cancel()
+        t = asyncio.get_running_loop().create_task(self._write(b))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
     def _make_room(self, k: DiskKey, need: int) -> bool:
-        """Pick LRU victims worth ``need`` bytes and let ``k`` duel them (module docstring)."""
-        victims: list[tuple[int, str, int]] = []
+        """Pick LRU victims (whole bundles) worth ``need`` bytes and let ``k`` duel them
+        (module docstring)."""
+        victims: list[Victim] = []
         freed = 0
         oldest = self._oldest
+        touched = self._touched
         while oldest and freed < need and len(victims) < 64:
             v = oldest.popleft()
-            if v[1] in self._touched or v[1] == k.name:
+            if not touched.isdisjoint(v.names) or k.name in v.names:
                 continue
             victims.append(v)
-            freed += v[2]
-        sketch = self._sketch
+            freed += v.charge
         if (
             freed < need
             or k.charge > self.budget_bytes
-            or sketch.estimate(k.hash64) - 1
-            <= max(sketch.estimate(int(v[1][:16], 16)) for v in victims)
+            or self._sketch.estimate(k.hash64) - 1 <= max(self._estimate(v) for v in victims)
         ):
             oldest.extendleft(reversed(victims))
             self.stats.rejected += 1
             return False
         self._used -= freed
-        self._evict_later(victims)
+        self._evict_later(victims, freed)
         return True
 
-    async def _write(self, k: DiskKey, data: bytes | memoryview) -> tuple[int, memoryview | None]:
-        """Write ``k`` on the executor: (``diskfile`` outcome or ``_FAILED``, the mapping of
-        the written body when the tier is shared)."""
+    def _estimate(self, v: Victim) -> int:
+        """A victim bundle's visit count in the duel: its most visited name's. Cached: a
+        name's count rises only when a lookup reaches the tier, and a hit on it makes the
+        bundle no victim (touched); only a miss on a damaged name raises it unseen."""
+        if v.estimate < 0:
+            est = self._sketch.estimate
+            v.estimate = max(est(int(name[:16], 16)) for name in v.names)
+        return v.estimate
+
+    async def _write(self, b: _Batch) -> None:
+        """Write batch ``b`` as one bundle on the executor and resolve its entries' futures;
+        the accounting stays per entry (the table's page: per bundle)."""
         st = self.stats
         loop = asyncio.get_running_loop()
-        tmp = f".tmp.{os.getpid()}.{next(self._seq)}"
-        ok = False
-        status = _FAILED
-        view: memoryview | None = None
+        n = len(b.keys)
+        tmp = f".tmp.{os.getpid()}.{next(self._seq)}.{int(time.time())}"
+        status: list[int] = [_FAILED] * n
+        views: list[memoryview | None] = [None] * n
+        charge = 0  # the bundle's, as written
         try:
-            status, free, view = await loop.run_in_executor(
-                self._ex, files.write_entry, self.root, k, data, self._min_free, tmp, self.shared
+            status, free, views, charge = await loop.run_in_executor(
+                self._ex,
+                files.write_bundle,
+                self.root,
+                b.keys,
+                b.data,
+                self._min_free,
+                tmp,
+                self.shared,
             )
             self._fs_free = free
-            if status == files.FULL:
-                st.refused_full += 1
-                self._refuse_until = self._clock.monotonic() + 1.0
-            elif status == files.PRESENT:
-                st.duplicate_fetches += 1  # charged by whoever wrote it, seen at the next scan
-            else:
-                ok = True
-                st.writes += 1
-                st.entries += 1
-                st.bytes_written += k.length
-                self._written_since_scan += k.charge
         except OSError as e:
-            status = _FAILED
             st.write_errors += 1
             self._refuse_until = self._clock.monotonic() + ERROR_BACKOFF_S
             self._log_error("disk_cache_write_failed", e)
         finally:
-            self._writing.discard(k.name)
-            self._reserved -= k.charge
-            self._pending -= k.length
-            if not ok:
-                self._used -= k.charge
+            written = 0  # charges
+            for k, s, fut, view in zip(b.keys, status, b.futures, views, strict=True):
+                self._writing.discard(k.name)
+                self._reserved -= k.charge
+                self._pending -= k.length
+                if s == files.WRITTEN:
+                    written += k.charge
+                    st.writes += 1
+                    st.entries += 1
+                    st.bytes_written += k.length
+                    self._written_since_scan += k.charge
+                else:
+                    self._used -= k.charge
+                    if s == files.FULL:
+                        st.refused_full += 1
+                    elif s == files.PRESENT:
+                        st.duplicate_fetches += 1  # charged by its writer, seen at a scan
+                if not fut.done():
+                    fut.set_result((s, view))
+            # The table's reservation becomes what the bundle really costs beyond the
+            # entries written (its table, and entries found present while linking).
+            self._reserved -= b.table
+            self._used += charge - written - b.table
+            self._written_since_scan += max(0, charge - written)
+            if files.FULL in status:
+                self._refuse_until = self._clock.monotonic() + 1.0
             self._gauges()
-        return status, view
 
     # -- eviction and accounting -------------------------------------------------------------
 
-    def _evict_later(self, victims: list[tuple[int, str, int]]) -> None:
+    def _evict_later(self, victims: list[Victim], expected: int) -> None:
+        """Evict ``victims``, whose ``expected`` bytes were taken off the accounting already;
+        what eviction did not free after all (a bundle touched since the scan, a name the
+        scan did not see) is put back."""
+
         async def run() -> None:
+            freed = 0
             try:
-                charges = await asyncio.get_running_loop().run_in_executor(
+                names, freed = await asyncio.get_running_loop().run_in_executor(
                     self._ex, files.evict, self.root, victims
                 )
             except OSError as e:
                 self._log_error("disk_cache_evict_failed", e)
                 return
-            self.stats.evictions += len(charges)
-            self.stats.evicted_bytes += sum(charges)
-            self.stats.entries -= len(charges)
+            finally:
+                self._used += expected - freed
+                self._gauges()
+            self.stats.evictions += names
+            self.stats.evicted_bytes += freed
+            self.stats.entries -= names
 
         t = asyncio.get_running_loop().create_task(run())
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
     async def _shrink(self) -> None:
-        """Evict the oldest entries until the tier is at ``LOW_WATER`` of its budget (the
+        """Evict the oldest bundles until the tier is at ``LOW_WATER`` of its budget (the
         other workers wrote more than this process accounted for)."""
         target = int(self.budget_bytes * LOW_WATER)
-        victims: list[tuple[int, str, int]] = []
+        victims: list[Victim] = []
         freed = 0
         while self._oldest and self._used - freed > target:
             v = self._oldest.popleft()
-            if v[1] not in self._touched:
+            if self._touched.isdisjoint(v.names):
                 victims.append(v)
-                freed += v[2]
+                freed += v.charge
         if not victims:
             return
-        charges = await asyncio.get_running_loop().run_in_executor(
+        names, freed = await asyncio.get_running_loop().run_in_executor(
             self._ex, files.evict, self.root, victims
         )
-        self._used -= sum(charges)
-        self.stats.evictions += len(charges)
-        self.stats.evicted_bytes += sum(charges)
-        self.stats.entries -= len(charges)
-        log.info(
-            "disk_cache_shrunk", evicted=len(charges), used=self._used, budget=self.budget_bytes
-        )
+        self._used -= freed
+        self.stats.evictions += names
+        self.stats.evicted_bytes += freed
+        self.stats.entries -= names
+        log.info("disk_cache_shrunk", evicted=names, used=self._used, budget=self.budget_bytes)
         self._gauges()
 
     def _apply_scan(self, sc: files.Scan) -> None:
@@ -605,10 +749,20 @@ class DiskStore:
                     next_scan = now + max(cfg.rescan_interval_s, 20 * took)
                 if self._used > self.budget_bytes:
                     await self._shrink()
+                if not self._swept:
+                    await self.sweep_old_layouts()
             except OSError as e:  # the directory went away, a disk error: keep trying
                 self._log_error("disk_cache_maintenance_failed", e)
             except Exception:  # a bug must not end maintenance (and with it the budget)
                 log.exception("disk_cache_maintenance_failed")
+
+    async def sweep_old_layouts(self) -> None:
+        """Remove a bounded share (``SWEEP_FILES``) of an older layout's directory next to
+        the tier's (``<cache_dir>/v1``: this version never reads it), once per maintenance
+        round until it is gone."""
+        self._swept = await asyncio.get_running_loop().run_in_executor(
+            self._ex, files.sweep_old_layouts, os.path.dirname(self.root), SWEEP_FILES
+        )
 
     def _gauges(self) -> None:
         st = self.stats
@@ -623,12 +777,16 @@ class DiskStore:
             log.warning(event, error=f"{type(e).__name__}: {e}", errors_so_far=n)
 
     async def drain(self) -> None:
-        """Wait for the writes and evictions started so far (tests, warm-ups, shutdown)."""
-        while self._tasks:
+        """Write the open batch now and wait for the writes and evictions started so far
+        (tests, warm-ups, shutdown)."""
+        while self._tasks or self._batch is not None:
+            if self._batch is not None:
+                self._flush(self._batch)
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def close(self) -> None:
-        """Stop maintenance, let writes in flight finish, record the hits' access times."""
+        """Stop maintenance, write the open batch, let writes in flight finish, record the
+        hits' access times."""
         if self._closed:
             return
         self._closed = True

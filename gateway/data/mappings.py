@@ -39,10 +39,12 @@ def mapping_limit() -> int:
 
 
 def mapped_size(view: memoryview) -> int:
-    """The pages behind ``view``, a slice of a file mapping (``is_mapping``): the whole
-    mapping (the entry's header and body), rounded up to whole pages, is what it holds
-    resident."""
-    return -(-memoryview(view.obj).nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+    """The pages behind ``view``, a slice of a file mapping (``is_mapping``): those its bytes
+    span (at most its length plus a page), rounded up to whole pages, and no more than the
+    whole mapping's. A disk-tier entry's body is a slice of a mapping of its whole bundle
+    (``gateway.data.diskfile``), of which it holds resident only the pages it reads."""
+    span = min(memoryview(view.obj).nbytes, view.nbytes + mmap.PAGESIZE - 1)
+    return -(-span // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def is_mapping(data: bytes | memoryview) -> TypeGuard[memoryview]:

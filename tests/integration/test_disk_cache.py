@@ -127,19 +127,39 @@ def test_dataset_eight_times_memory_costs_no_get_in_epoch_two_and_after_restarts
         epoch(gw, files, seed=3)
         assert thread_proxy.kinds()["GET"] == before["GET"]  # first epoch after a restart: 0 GETs
         assert disk_stats(gw)["hits"] == small + 4
-    entries = sorted((tmp_path / "cache" / "v1").glob("*/[0-9a-f]*"))
+    entries = sorted((tmp_path / "cache" / "v2").glob("*/[0-9a-f]*"))
     assert len(entries) == small + 4
-    flipped, cut = entries[0], entries[1]
-    raw = bytearray(flipped.read_bytes())
-    raw[-1] ^= 0x40
-    flipped.write_bytes(raw)
-    cut.write_bytes(cut.read_bytes()[:-1000])
+    damage_two_entries(entries)
     before = thread_proxy.kinds()
     with gateway(tmp_path, seaweed, thread_proxy, name, memory) as gw:
         epoch(gw, files, seed=4)  # bytes still right: the bad entries are never served
         assert thread_proxy.kinds()["GET"] - before["GET"] == 2
         s = disk_stats(gw)
         assert s["corrupt"] == 2 and s["writes"] == 2  # dropped, fetched, published again
+
+
+def damage_two_entries(names: list[Path]) -> None:
+    """Flip the last byte of one entry's body, and cut the last 1000 bytes of another,
+    the last entry of a bundle (``gateway.data.diskfile``) that holds neither the first."""
+    from gateway.data.diskfile import find_in_table
+
+    def span(p: Path) -> tuple[int, int]:
+        why, off, nbytes = find_in_table(p.read_bytes()[:4096], p.name)
+        assert not why
+        return off, nbytes
+
+    flipped = names[0]
+    off, nbytes = span(flipped)
+    raw = bytearray(flipped.read_bytes())
+    raw[off + nbytes - 1] ^= 0x40
+    flipped.write_bytes(raw)  # in place: the same inode, whatever names it has
+    ino = flipped.stat().st_ino
+    cut = next(
+        p
+        for p in names[1:]
+        if p.stat().st_ino != ino and sum(span(p)) == p.stat().st_size and span(p)[1] > 1000
+    )
+    cut.write_bytes(cut.read_bytes()[:-1000])
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,13 @@ from gateway.clock import Clock, FakeClock
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
 from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.data.config import DiskConfig
-from gateway.data.disk import DiskStore, disk_key, resolve_cache_dir
-from gateway.data.diskfile import charge_of, read_entry
+from gateway.data.disk import DiskKey, DiskStore, disk_key, resolve_cache_dir
+from gateway.data.diskfile import (
+    TABLE_BYTES,
+    bundle_charge,
+    charge_of,
+    read_entry,
+)
 from gateway.data.stats import DiskStats
 from gateway.data.warm import warm_object
 from tests.unit.gateway.test_datacache import FakeStore, as_store, payload
@@ -55,6 +60,11 @@ async def read_all(r: ObjectReader, store: FakeStore, key: str) -> bytes:
     return bytes(out)
 
 
+def dkey(store: FakeStore, key: str) -> DiskKey:
+    data, etag = store.objects[key]
+    return disk_key(store.name, key, etag, 0, len(data))
+
+
 def entry_path(disk: DiskStore, store: FakeStore, key: str, start: int = 0, n: int = -1) -> Path:
     data, etag = store.objects[key]
     return Path(disk.path(disk_key(store.name, key, etag, start, len(data) if n < 0 else n)))
@@ -79,7 +89,11 @@ async def test_published_entries_serve_other_stores_and_survive_a_restart(tmp_pa
         assert await read_all(rb, store, k) == store.objects[k][0]
     assert store.gets == 20 and b.stats.hits == 20
     await b.rescan()
-    assert b.used_bytes == 20 * charge_of(OBJ + 40)  # scans see the other worker's entries
+    # Scans see the other worker's entries: one bundle, charged once, as its writer did.
+    one_bundle = bundle_charge([dkey(store, k) for k in keys])
+    assert one_bundle == 20 * charge_of(OBJ + 40) + 4096  # the table takes a page here
+    assert b.used_bytes == a.used_bytes == one_bundle
+    assert b.stats.entries == 20
     await a.close()
     await b.close()
     c = await open_disk(tmp_path / "c")  # a restart: a new process, an empty memory tier
@@ -127,7 +141,9 @@ async def test_a_replaced_object_is_never_served_from_disk(tmp_path: Path) -> No
 # -- verification ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_body", "flip_header", "swap"])
+@pytest.mark.parametrize(
+    "damage", ["truncate", "flip_body", "flip_header", "flip_table", "swap", "empty"]
+)
 async def test_a_damaged_entry_is_detected_dropped_and_fetched_again(
     tmp_path: Path, damage: str
 ) -> None:
@@ -135,20 +151,25 @@ async def test_a_damaged_entry_is_detected_dropped_and_fetched_again(
     store.put("a", payload(OBJ, seed=1))
     store.put("b", payload(OBJ, seed=2))
     disk = await open_disk(tmp_path)
-    for k in ("a", "b"):
+    for k in ("a", "b"):  # one bundle each
         await read_all(reader_over(disk), store, k)
-    await disk.drain()
+        await disk.drain()
     path = entry_path(disk, store, "a")
     raw = bytearray(path.read_bytes())
-    if damage == "truncate":  # what a crash mid-write would leave without write-then-rename
+    if damage == "truncate":  # what a crash mid-write would leave without write-then-link
         path.write_bytes(raw[: len(raw) // 2])
     elif damage == "flip_body":
         raw[-100] ^= 0x01
         path.write_bytes(raw)
-    elif damage == "flip_header":
+    elif damage == "flip_header":  # the entry's header, after the bundle's table page
+        raw[TABLE_BYTES + 20] ^= 0x80
+        path.write_bytes(raw)
+    elif damage == "flip_table":
         raw[20] ^= 0x80
         path.write_bytes(raw)
-    else:  # another entry's file under this name (a hash collision, a misplaced file)
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:  # another bundle under this name (a hash collision, a misplaced file)
         os.replace(entry_path(disk, store, "b"), path)
     gets = store.gets
     assert await read_all(reader_over(disk), store, "a") == store.objects["a"][0]
@@ -174,8 +195,11 @@ async def test_a_full_tier_refuses_one_pass_entries_and_admits_frequent_ones(
     store = FakeStore()
     for i in range(30):
         store.put(f"o{i}", payload(OBJ, seed=i))
-    charge = charge_of(OBJ + 36 + len("fake\0o00\0") + 19)
-    disk = await open_disk(tmp_path, budget=10 * charge + charge // 2)
+    # Bundles of one entry: eviction (whole bundles) is per entry here; see
+    # test_eviction_takes_whole_bundles_and_frees_their_bytes_with_the_last_name.
+    charge = bundle_charge([dkey(store, "o10")])  # the table fits the entry's last page
+    assert charge == dkey(store, "o10").charge
+    disk = await open_disk(tmp_path, budget=10 * charge + charge // 2, bundle_entries=1)
     for i in range(30):
         await read_all(reader_over(disk), store, f"o{i}")
     await disk.drain()
@@ -198,14 +222,14 @@ async def test_a_tier_overfilled_by_other_workers_shrinks_to_its_budget(tmp_path
     store = FakeStore()
     for i in range(10):
         store.put(f"o{i}", payload(OBJ, seed=i))
-    a = await open_disk(tmp_path)
+    a = await open_disk(tmp_path, bundle_entries=1)
     for i in range(10):
         await read_all(reader_over(a), store, f"o{i}")
     await a.close()
     one = charge_of(entry_path(a, store, "o0").stat().st_size)
     b = await open_disk(tmp_path, budget=5 * one)
     assert b.used_bytes <= 0.95 * 5 * one and b.stats.evictions == 6
-    assert len(list((tmp_path / "v1").glob("*/*"))) == 4
+    assert len(list((tmp_path / "v2").glob("*/*"))) == 4
     await b.close()
 
 
@@ -221,7 +245,7 @@ async def test_a_full_filesystem_refuses_new_entries_and_reads_still_work(
     assert await read_all(reader_over(disk), store, "a") == store.objects["a"][0]
     await disk.drain()
     assert disk.stats.refused_full == 1 and disk.stats.writes == 0
-    assert not list((tmp_path / "v1").glob("*/*"))
+    assert not list((tmp_path / "v2").glob("*/*"))
     await disk.close()
 
 
@@ -257,7 +281,7 @@ async def test_another_tenant_filling_the_disk_turns_writes_into_refusals(
     assert await read_all(reader_over(disk), store, "b") == store.objects["b"][0]
     await disk.drain()
     assert disk.stats.write_errors == 1 and disk.stats.writes == 0
-    assert not list((tmp_path / "v1").glob("*/.tmp*"))  # the temporary file was removed
+    assert not list((tmp_path / "v2").glob("*/.tmp*"))  # the temporary file was removed
     assert disk.used_bytes == 0
     await disk.close()
 
@@ -267,7 +291,7 @@ async def test_another_tenant_filling_the_disk_turns_writes_into_refusals(
 
 async def test_a_missing_cache_dir_is_created(tmp_path: Path) -> None:
     disk = await open_disk(tmp_path / "a" / "b" / "cache")
-    assert (tmp_path / "a" / "b" / "cache" / "v1" / "ff").is_dir()
+    assert (tmp_path / "a" / "b" / "cache" / "v2" / "ff").is_dir()
     await disk.close()
 
 
@@ -303,7 +327,7 @@ async def test_a_directory_that_refuses_writes_falls_back_to_memory_only(
 
 async def test_budget_zero_turns_the_tier_off(tmp_path: Path) -> None:
     assert await DiskStore.open(tmp_path, DiskConfig(budget=0)) is None
-    assert not (tmp_path / "v1").exists()
+    assert not (tmp_path / "v2").exists()
 
 
 async def test_the_automatic_budget_is_a_share_of_free_space(tmp_path: Path) -> None:
@@ -338,11 +362,12 @@ async def test_warm_up_fills_the_disk_not_memory_resumes_and_stops_at_the_budget
         store.put(f"w{i}", payload(OBJ, seed=i))
     store.put("big", payload(3 * MiB + 5))
     big_data, big_etag = store.objects["big"]
+    # A warm-up's write is a bundle of its own (it is not held for a batch window).
     big = sum(
-        disk_key("fake", "big", big_etag, o, min(MiB, len(big_data) - o)).charge
+        bundle_charge([disk_key("fake", "big", big_etag, o, min(MiB, len(big_data) - o))])
         for o in range(0, len(big_data), MiB)
     )
-    one = disk_key("fake", "w0", store.objects["w0"][1], 0, OBJ).charge
+    one = bundle_charge([dkey(store, "w0")])
     disk = await open_disk(tmp_path, budget=big + 8 * one + one // 2)
     r = reader_over(disk)
     cfg = DataConfig(small_file_max=1 * MiB)
@@ -520,7 +545,7 @@ async def test_two_worker_processes_share_one_directory_safely(tmp_path: Path) -
     for name in names:
         got = await disk.read(disk_key("fake", name, '"e"', 0, 5000))
         assert got == random.Random(name).randbytes(5000), name
-    leftovers = await asyncio.to_thread(lambda: list(tmp_path.glob("v1/*/.tmp*")))
+    leftovers = await asyncio.to_thread(lambda: list(tmp_path.glob("v2/*/.tmp*")))
     assert disk.stats.corrupt == 0 and not leftovers
     await disk.close()
 
@@ -544,7 +569,7 @@ async def test_workers_overshooting_the_budget_between_scans_are_brought_back(
     for p in procs:
         await asyncio.to_thread(p.join, 60)
         assert p.exitcode == 0
-    files = await asyncio.to_thread(lambda: list(tmp_path.glob("v1/*/[0-9a-f]*")))
+    files = await asyncio.to_thread(lambda: list(tmp_path.glob("v2/*/[0-9a-f]*")))
     assert len(files) == 250  # 150 shared + 50 own each: 50 entries over the budget
     disk = await open_disk(tmp_path, budget=budget)  # the next scan (here: at open) shrinks
     assert disk.used_bytes <= budget and disk.stats.evictions > 0

@@ -132,9 +132,9 @@ async def test_a_flipped_or_torn_entry_is_never_mapped(tmp_path: Path) -> None:
     k1, k2 = objects(store, 2)
     disk = await shared_disk(tmp_path / "c")
     r = worker(disk)
-    for k in (k1, k2):
+    for k in (k1, k2):  # a bundle each (damage() flips and cuts the end of a file)
         await read(r, store, k)
-    await disk.drain()
+        await disk.drain()
     paths = {
         k: disk.path(disk_key(store.name, k, store.objects[k][1], 0, len(store.objects[k][0])))
         for k in (k1, k2)
