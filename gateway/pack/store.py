@@ -338,6 +338,28 @@ class PackedStore(StoreWrapper):
             return None
         return i, index.shard_of[i], index.data_at[i] // self._cfg.range_bytes
 
+    def fetch_group(self, key: str) -> tuple[int, int] | None:
+        """The group packed member ``key`` comes with when fetched now ((shard, window), shared
+        by the members of one group): its group is on its way, or would be fetched whole with
+        the neighbours kept in memory (``tiers.memory_room``). None when it is not a member or
+        would be fetched alone or for the disk tier only: then each member is fetched (or
+        looked for in the disk tier) for itself. The data layer looks for one member of a
+        group in its disk tier at a time and prefetches one member of a group at a time, the
+        others coming with it."""
+        w = self._window(key)
+        index = self.index
+        if w is None or index is None:
+            return None
+        i, shard, window = w
+        if (shard, window) in self._ranges:
+            return shard, window
+        a, b = self._group(index, i)
+        if a == b or not self._tiers.memory_room(
+            index.data_at[b] + index.sizes[b] - index.data_at[a]
+        ):
+            return None
+        return shard, window
+
     def covered(self, key: str) -> bool:
         """Whether ``key`` is being fetched with another member's group (the data prefetcher
         then moves on to another group)."""
