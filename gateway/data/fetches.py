@@ -51,7 +51,6 @@ class Fetch:
         "skip",
         "dkeys",
         "ahead",
-        "group",
     )
 
     def __init__(
@@ -75,7 +74,6 @@ class Fetch:
         self.skip = 0  # the GET starts this far into the span (blocks found on disk)
         self.dkeys: list[DiskKey] = []  # the disk tier's key of each block
         self.ahead = False  # the data prefetcher's (``prefetch``)
-        self.group: tuple[str, object] | None = None  # a pack member's group (``prefetch``)
 
 
 class Pending:

@@ -137,8 +137,6 @@ class ObjectReader:
         # Pack groups (store name, group) one of whose members is being looked for in the
         # disk tier: whether it was missing (``_look_on_disk``).
         self._looking: dict[tuple[str, object], asyncio.Future[bool]] = {}
-        # Pack groups (store name, group) a prefetch of one of whose members is on its way.
-        self._ahead_groups: dict[tuple[str, object], Fetch] = {}
         self._fetches: set[Fetch] = set()
         self.slots: Final = FetchSlots(
             cfg.max_inflight_fetches, cfg.max_readahead_fetches, self.stats
@@ -288,37 +286,13 @@ class ObjectReader:
         """Start fetching small object version ``etag`` (``size`` bytes) ahead of any READ,
         as a read-ahead-class GET (demand fetches go first; a READ joining it promotes it);
         the bytes land in the cache's ahead segment if it has room then (``DataCache.insert``).
-        None when it is cached, already being fetched, empty or not a small object, or a pack
-        member that comes with another's fetch: its group is being fetched (the store's
-        ``covered``), or is about to be, for another member's prefetch (the store's
-        ``fetch_group``; see ``ObjectStore``).
-
-        Why the last: the data prefetcher picks members in key order, several before the
-        first one's fetch reaches the store, so without it most of a group's members were
-        each a fetch joining the group's (~1,000 an epoch of 10,000 packed files, each a
-        task, a GET slot, a disk look-up, a CRC), and they held the prefetcher's slots: about
-        one group was on its way at a time. Those members arrive with their group
-        (``deposit``); one that does not (its group was not fetched: the member was found in
-        the disk tier, or fetched alone) is read on demand, from wherever it is."""
+        None when it is cached, already being fetched, empty or not a small object."""
         if not 0 < size <= self.config.small_file_max:
             return None
         bkey = (store.name, key, etag, 0)
         if bkey in self.cache or bkey in self._inflight:
             return None
-        group = None
-        if (covered := getattr(store, "covered", None)) is not None and covered(key):
-            return None
-        fetch_group = getattr(store, "fetch_group", None)
-        if fetch_group is not None and (g := fetch_group(key)) is not None:
-            group = (store.name, g)
-            if group in self._ahead_groups:
-                return None
-        fut = self._start_fetch(store, key, etag, size, 0, 1, demand=False, ahead=True)[0]
-        if group is not None:
-            f = self._inflight[bkey].fetch
-            f.group = group
-            self._ahead_groups[group] = f
-        return fut
+        return self._start_fetch(store, key, etag, size, 0, 1, demand=False, ahead=True)[0]
 
     def deposit(
         self, store_name: str, key: str, etag: str, data: bytes | memoryview, memory: bool = True
@@ -617,8 +591,6 @@ class ObjectReader:
         self._ra_inflight_bytes -= f.ra_bytes
         self.stats.pending_fetch_bytes -= f.nbytes
         self._fetches.discard(f)
-        if f.group is not None and self._ahead_groups.get(f.group) is f:
-            del self._ahead_groups[f.group]
 
     # -- read-ahead ----------------------------------------------------------------------
 
