@@ -12,7 +12,7 @@ immutable export; the default data cache: the memory tier plus the disk tier und
 gateway's state directory, fresh for each configuration; data prefetch on), and libnfs
 clients: an ImageFolder-like scan, then ``--clients`` threads each reading whole files in a
 fresh random order, every byte checked. Each epoch also reports the disk tier's hits and
-writes (a packed group's neighbours are written there too).
+writes (a packed group's neighbours are written there too), and its look-ups that missed.
 
 1. **Pack**: ``nfsgw pack s3://bench/train --to s3://bench/packs/train`` straight against
    SeaweedFS (no added latency): seconds and MB/s, and the time projected for ImageNet's
@@ -85,6 +85,7 @@ class Epoch:
     pack_fallbacks: int
     memory_hit_ratio: float
     disk_hits: int
+    disk_misses: int  # look-ups of the disk tier that found nothing (a thread round trip each)
     disk_writes: int
     gateway_cpu_s_per_1k: float
     cpu_share: dict[str, float]  # of the epoch's wall time, per process (1.0 = one core)
@@ -201,6 +202,7 @@ def run_gateway(
                     pack_fallbacks=round(d("nfsgw_pack_fallbacks_total")),
                     memory_hit_ratio=round(hits / looks, 4) if looks else 0.0,
                     disk_hits=round(d("nfsgw_disk_cache_hits_total")),
+                    disk_misses=round(d("nfsgw_disk_cache_misses_total")),
                     disk_writes=round(d("nfsgw_disk_cache_writes_total")),
                     gateway_cpu_s_per_1k=round(cpu / n * 1000, 3),
                     cpu_share={k: round(v, 2) for k, v in shares.items()},

@@ -119,7 +119,11 @@ class ObjectStore(Protocol):
     Unchanged``, ``list_page`` that skips the parse when the page's digest is ``known``;
     ``watch_listing(prefix) -> token | None`` and ``unchanged_since(token) -> bool``
     (``LocalStore``: inotify), whether anything changed in a directory since a listing of it
-    started."""
+    started; ``covered(key) -> bool`` and ``fetch_group(key) -> Hashable | None``
+    (``PackedStore``): whether a whole-object GET of ``key`` would join another request's
+    fetch already under way (a pack member's group), and the fetch it would share with
+    other keys (its group): the data layer then does not look for it in its disk tier first,
+    nor for more than one key of a group at a time."""
 
     name: str
 

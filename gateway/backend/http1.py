@@ -13,9 +13,17 @@ Why: aiohttp's request and response machinery was ~60 % of the ~220-280 µs of C
 GET cost (``benchmarks/s3_client_cpu.py``); a bare asyncio keep-alive GET costs ~35 µs. The
 request goes out in one ``transport.write`` of bytes built by the caller; the status line
 and headers are parsed from the first bytes received (at most ``max_header_bytes``); the
-body is received into ``bytearray(content_length)`` through ``get_buffer`` /
+body is received into a buffer of its ``Content-Length`` through ``get_buffer`` /
 ``buffer_updated``: one ``recv_into`` per arrival, no chunk lists, no joins. Only the bytes
 of the body that came with the headers (at most ``_HEAD_CHUNK``) are copied.
+
+That buffer is the ``bytes`` the reply hands over (``Reply.body``), filled in place
+(``gateway._fastwire.BodyBuffer``): not zeroed first, and not copied after, so a pack's 8 MiB
+group costs one fresh buffer instead of a zeroed ``bytearray`` and a ``bytes`` copy of it
+(two fresh buffers: ~4 ms of CPU each on a VM where new pages fault expensively; ~31 % of a
+packed cold epoch's gateway CPU). The body is sealed (made visible) only once every byte
+arrived; a short one is dropped. The Python twin (``NFSGW_PURE_PYTHON=1``, or not built)
+receives into a ``bytearray`` and copies it to ``bytes`` at the end: the same bytes.
 
 Framing rules (RFC 9112 §6.3): a reply to HEAD, a 1xx (skipped, except 101), 204 or 304 has
 no body; ``Transfer-Encoding`` wins over ``Content-Length`` (and the connection closes after);
@@ -34,7 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import importlib
+import os
 import ssl
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Final, cast
 
@@ -45,7 +57,7 @@ _MAX_LINE: Final = 4096  # a chunk-size or trailer line
 
 # ReplyReader states
 _HEAD: Final = 0
-_BODY: Final = 1  # Content-Length bytes into self.body
+_BODY: Final = 1  # Content-Length bytes into self._fill
 _CHUNKED: Final = 2
 _UNTIL_CLOSE: Final = 3
 _DONE: Final = 4
@@ -74,16 +86,45 @@ class Unframed(HttpError):
 @dataclass(eq=False, repr=False, slots=True)
 class Reply:
     """One reply: ``status``, ``headers`` (names lowercase; repeated ones joined with
-    ``", "``) and ``body``."""
+    ``", "``) and ``body``: ``bytes`` when the reply had a ``Content-Length`` (the buffer it
+    was received into, handed over as it is), a ``bytearray`` when it was chunked or
+    delimited by the close (grown as it arrived)."""
 
     version: str
     status: int
     reason: str
     headers: dict[str, str]
-    body: bytearray
+    body: bytes | bytearray
 
 
 _EMPTY: Final = bytearray()
+_NO_FILL: Final = memoryview(b"")
+
+
+def _compiled_body() -> type | None:
+    """``gateway._fastwire.BodyBuffer``, or None (``NFSGW_PURE_PYTHON=1``, or not built)."""
+    if os.environ.get("NFSGW_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        return cast(type, importlib.import_module("gateway._fastwire").BodyBuffer)
+    except (ImportError, AttributeError):
+        return None
+
+
+_BODY_BUFFER: Final = _compiled_body()
+
+
+def body_buffer(n: int) -> tuple[memoryview, Callable[[], bytes]]:
+    """A writable buffer of ``n`` (> 0) bytes to receive a body into, and what turns it into
+    the body's ``bytes`` once every byte was written (call it once, then write no more): the
+    compiled ``BodyBuffer`` (uninitialised bytes, filled in place: no zeroing, no copy), or
+    the twin's ``bytearray`` and a copy of it."""
+    cls = _BODY_BUFFER
+    if cls is None:
+        ba = bytearray(n)
+        return memoryview(ba), functools.partial(bytes, ba)
+    b = cls(n)
+    return memoryview(b), b.seal
 
 
 def parse_head(
@@ -140,12 +181,14 @@ class ReplyReader:
         "_bpos",
         "_chunk_left",
         "_cstate",
+        "_fill",
         "_head",
         "_hlen",
         "_line",
         "_max_body",
         "_max_head",
         "_scratch",
+        "_seal",
         "_state",
         "_unframed_ok",
         "body",
@@ -170,7 +213,9 @@ class ReplyReader:
         self._head = bytearray(_HEAD_CHUNK)
         self._hlen = 0
         self._state = _HEAD
-        self.body = _EMPTY
+        self.body: bytes | bytearray = _EMPTY
+        self._fill = _NO_FILL  # where a Content-Length body is being received
+        self._seal: Callable[[], bytes] = bytes
         self._bpos = 0
         self._scratch: bytearray | None = None
         self._cstate = _C_SIZE
@@ -193,7 +238,7 @@ class ReplyReader:
         """Where the next bytes go (never empty while the reply is incomplete)."""
         state = self._state
         if state == _BODY:
-            return memoryview(self.body)[self._bpos :]
+            return self._fill[self._bpos :]
         if state == _HEAD:
             head = self._head
             if self._hlen == len(head):
@@ -213,8 +258,8 @@ class ReplyReader:
         state = self._state
         if state == _BODY:
             self._bpos += n
-            if self._bpos == len(self.body):
-                self._state = _DONE
+            if self._bpos == len(self._fill):
+                self._sealed()
                 return True
             return False
         if state == _HEAD:
@@ -243,7 +288,7 @@ class ReplyReader:
             return True
         if self._state == _BODY:
             raise ConnectionClosed(
-                f"connection closed after {self._bpos} of {len(self.body)} body bytes"
+                f"connection closed after {self._bpos} of {len(self._fill)} body bytes"
             )
         if self._state == _HEAD and self._hlen == 0:
             raise ConnectionClosed("connection closed before a reply")
@@ -297,26 +342,34 @@ class ReplyReader:
             self._state = _DONE
             self.extra = have
             return True
-        body = bytearray(length)
+        fill, self._seal = body_buffer(length)
         take = min(have, length)
-        body[:take] = rest[:take]
-        self.body = self.reply.body = body
+        fill[:take] = rest[:take]
+        self._fill = fill
         self._bpos = take
         self.extra = have - take
         if take == length:
-            self._state = _DONE
+            self._sealed()
             return True
         self._state = _BODY
         return False
 
+    def _sealed(self) -> None:
+        """Every byte of a Content-Length body arrived: it becomes ``reply.body``."""
+        assert self.reply is not None
+        self._fill = _NO_FILL
+        self.body = self.reply.body = self._seal()
+        self._state = _DONE
+
     def _grow(self, data: memoryview) -> None:
         if len(self.body) + len(data) > self._max_body:
             raise HttpError(f"unframed body over {self._max_body} bytes")
-        if self.body is _EMPTY:
-            self.body = bytearray()
+        body = self.body
+        if body is _EMPTY:
+            body = bytearray()
             assert self.reply is not None
-            self.reply.body = self.body
-        self.body += data
+            self.body = self.reply.body = body
+        cast(bytearray, body).extend(data)
 
     def _more(self, data: memoryview) -> bool:
         """Bytes of a chunked or close-delimited body."""

@@ -107,6 +107,8 @@ MiB = 1024 * 1024
 RECENT_GROUPS: Final = 4  # group buffers kept for members asked for just after (~32 MiB)
 ON_TIER_GROUPS: Final = 1 << 17  # groups remembered as fetched to the disk tier (~10 MiB)
 CLAIM_POLL_S: Final = (0.001, 0.02)  # first and longest pause between group claim attempts
+ROWS_MEMO: Final = 512  # keys whose index row is remembered (``_row``)
+GROUPS_MEMO: Final = 4096  # windows whose group's rows are remembered (``_bounds``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +210,8 @@ class PackedStore(StoreWrapper):
         # range_bytes at most, held besides what the data cache holds of them.
         self._recent: OrderedDict[tuple[int, int], tuple[int, bytes]] = OrderedDict()
         self._releasing: set[asyncio.Task[None]] = set()
+        self._rows: dict[str, int] = {}  # key -> row, the last ROWS_MEMO keys looked up
+        self._groups: dict[tuple[int, int], tuple[int, int]] = {}  # window -> its group's rows
         self.tier_hits = 0
         """Members read from the shared tier after another worker fetched their group."""
         self.claim_waits = 0
@@ -253,6 +257,8 @@ class PackedStore(StoreWrapper):
                 self.stats.load_errors += 1
                 log.error("pack_not_used", pack=self.url, error=str(e))
                 return
+            self._rows.clear()
+            self._groups.clear()
             self.index = index
             self.status = "ok"
             self.stats.loaded = 1
@@ -287,7 +293,7 @@ class PackedStore(StoreWrapper):
     async def _get(self, key: str, start: int, end: int | None, if_match: str | None) -> GetResult:
         index = self.index
         if index is not None and start == 0 and key.startswith(self._source_prefix):
-            i = index.find(key[len(self._source_prefix) :])
+            i = self._row(index, key)
             if i >= 0:
                 size = index.sizes[i]
                 etag = index.etag(i)
@@ -333,10 +339,53 @@ class PackedStore(StoreWrapper):
         index = self.index
         if index is None or not key.startswith(self._source_prefix):
             return None
-        i = index.find(key[len(self._source_prefix) :])
+        i = self._row(index, key)
         if i < 0:
             return None
         return i, index.shard_of[i], index.data_at[i] // self._cfg.range_bytes
+
+    def _row(self, index: PackIndex, key: str) -> int:
+        """``index.find`` of ``key`` (under the source prefix), remembered for the last keys
+        asked: a prefetched member is asked for 3-4 times in a row (the prefetcher's
+        ``covered``, the reader's ``covered`` and ``fetch_group``, the GET)."""
+        row = self._rows.get(key)
+        if row is None:
+            row = index.find(key[len(self._source_prefix) :])
+            if len(self._rows) >= ROWS_MEMO:
+                self._rows.clear()
+            self._rows[key] = row
+        return row
+
+    def _bounds(self, index: PackIndex, i: int, window: tuple[int, int]) -> tuple[int, int]:
+        """``_group(index, i)``, remembered per window: any row of a group gives that group."""
+        ab = self._groups.get(window)
+        if ab is None or not ab[0] <= i <= ab[1]:
+            ab = self._group(index, i)
+            if len(self._groups) >= GROUPS_MEMO:
+                self._groups.clear()
+            self._groups[window] = ab
+        return ab
+
+    def fetch_group(self, key: str) -> tuple[int, int] | None:
+        """The group packed member ``key`` comes with when fetched now ((shard, window), shared
+        by the members of one group): its group is on its way, or would be fetched whole with
+        the neighbours kept in memory (``tiers.memory_room``). None when it is not a member or
+        would be fetched alone or for the disk tier only: then each member is fetched (or
+        looked for in the disk tier) for itself. The data layer looks for one member of a
+        group in its disk tier at a time; the others join the group's fetch."""
+        w = self._window(key)
+        index = self.index
+        if w is None or index is None:
+            return None
+        i, shard, window = w
+        if (shard, window) in self._ranges:
+            return shard, window
+        a, b = self._bounds(index, i, (shard, window))
+        if a == b or not self._tiers.memory_room(
+            index.data_at[b] + index.sizes[b] - index.data_at[a]
+        ):
+            return None
+        return shard, window
 
     def covered(self, key: str) -> bool:
         """Whether ``key`` is being fetched with another member's group (the data prefetcher
@@ -351,9 +400,9 @@ class PackedStore(StoreWrapper):
         if size == 0:
             return b""
         shard_no = index.shard_of[i]
-        a, b = self._group(index, i)
-        lo, hi = index.data_at[a], index.data_at[b] + index.sizes[b]
         rkey = (shard_no, off // self._cfg.range_bytes)
+        a, b = self._bounds(index, i, rkey)
+        lo, hi = index.data_at[a], index.data_at[b] + index.sizes[b]
         recent = self._recent.get(rkey)
         if recent is not None and recent[0] <= off and off + size <= recent[0] + len(recent[1]):
             # Its group arrived a moment ago: a prefetch or READ of this member that began

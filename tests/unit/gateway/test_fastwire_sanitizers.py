@@ -209,6 +209,43 @@ class Fuzz:
                 os.close(fd)
             os.unlink(path)
 
+    def body_buffers(self) -> None:
+        """``BodyBuffer`` of many sizes filled through memoryview slices in random pieces (as
+        ``recv_into`` does), views outliving the object: the bytes written, nothing past the
+        end; sealed: no buffer exported again; bad sizes refused."""
+        for size in (1, 2, 4095, 4096, 4097, 65_536, 110_000, (8 << 20) + 3):
+            data = self.rng.randbytes(size)
+            b = self.c.BodyBuffer(size)
+            whole = memoryview(b)
+            if whole.readonly or len(whole) != size or len(b) != size:
+                raise AssertionError(f"BodyBuffer({size}): not a writable buffer of its size")
+            pos = 0
+            while pos < size:
+                view = whole[pos:]
+                n = min(len(view), self.rng.randint(1, 70_000))
+                view[:n] = data[pos : pos + n]
+                pos += n
+                del view
+            del whole
+            out = b.seal()
+            try:
+                memoryview(b)
+            except BufferError:
+                pass
+            else:
+                raise AssertionError("a sealed BodyBuffer exported a buffer")
+            del b  # the bytes outlive it
+            if type(out) is not bytes or out != data:
+                raise AssertionError(f"BodyBuffer({size}) differs")
+            self.cases += 1
+        for bad in (0, -1):
+            try:
+                self.c.BodyBuffer(bad)
+            except ValueError:
+                self.cases += 1
+            else:
+                raise AssertionError(f"BodyBuffer({bad}) accepted")
+
 
 def fuzz(so: str, cases: int, seconds: float, seed: int) -> int:
     import importlib.util
@@ -227,6 +264,7 @@ def fuzz(so: str, cases: int, seconds: float, seed: int) -> int:
 
     with tempfile.TemporaryDirectory() as d:
         f.mappings(d)
+    f.body_buffers()
     deadline = time.monotonic() + seconds
     while f.cases < cases and time.monotonic() < deadline:
         f.records(2000)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from gateway.backend import http1
 from gateway.backend.http1 import (
     ConnectionClosed,
     HttpError,
@@ -79,16 +80,58 @@ def test_content_length_reply_at_every_split() -> None:
         assert bytes(r.reply.body) == b"hello world" and r.keep_alive and not r.extra
 
 
-def test_body_lands_in_one_preallocated_buffer() -> None:
+@pytest.fixture(params=["compiled", "twin"])
+def body_twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test with the compiled ``BodyBuffer`` (skipped where it is not built) and with the
+    Python twin (a bytearray and a copy)."""
+    if request.param == "twin":
+        monkeypatch.setattr(http1, "_BODY_BUFFER", None)
+    elif http1._BODY_BUFFER is None:
+        pytest.skip("gateway._fastwire.BodyBuffer not built (or NFSGW_PURE_PYTHON=1)")
+    return str(request.param)
+
+
+def test_body_lands_in_one_preallocated_buffer(body_twin: str) -> None:
     body = bytes(range(256)) * 400
     data = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
     r = ReplyReader()
     first = r.buffer()
     assert len(first) == 4096  # the head read; the rest goes straight into the body
     del first
-    assert feed(r, data)
-    assert r.reply is not None and bytes(r.reply.body) == body
-    assert isinstance(r.reply.body, bytearray) and len(r.reply.body) == len(body)
+    assert feed(r, data, [4096])
+    assert r.reply is not None and r.reply.body == body
+    assert type(r.reply.body) is bytes and len(r.reply.body) == len(body)
+
+
+def test_body_is_the_buffer_received_into(body_twin: str) -> None:
+    """Compiled: the bytes handed over is the buffer the body was received into (no copy),
+    which refuses to be written once handed over; either twin: the same bytes."""
+    body = bytes(range(256)) * 4000
+    data = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    r = ReplyReader()
+    assert not feed(r, data[:200])  # the head and the first bytes of the body
+    view = r.buffer()
+    owner = view.obj
+    assert not view.readonly and len(view) == len(data) - 200
+    del view
+    assert feed(r, data[200:])
+    assert r.reply is not None and r.reply.body == body and type(r.reply.body) is bytes
+    if body_twin == "compiled":
+        assert type(owner) is http1._BODY_BUFFER and len(owner) == len(body)
+        with pytest.raises(BufferError):
+            memoryview(owner)  # sealed: nothing writes into the bytes handed out
+        assert owner.seal() is r.reply.body
+    else:
+        assert type(owner) is bytearray and owner == body
+
+
+def test_short_body_is_never_handed_out(body_twin: str) -> None:
+    data = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 5000
+    r = ReplyReader()
+    assert not feed(r, data)
+    with pytest.raises(ConnectionClosed, match="after 5000 of 100000"):
+        r.eof()
+    assert r.reply is not None and r.reply.body == b"" and r.body == b""
 
 
 def test_head_and_no_body_statuses() -> None:

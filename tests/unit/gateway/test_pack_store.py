@@ -530,6 +530,103 @@ async def test_neighbours_go_to_the_disk_tier_when_memory_has_no_room(tmp_path: 
     await disk.close()
 
 
+async def test_a_member_whose_group_is_on_its_way_is_not_looked_up_on_disk(tmp_path: Path) -> None:
+    """One worker (an unshared disk tier): a READ of a member whose group is being fetched
+    joins that fetch without asking the disk tier first (it would only miss: the member
+    comes with its group); a member of another group still asks it."""
+    files = group_tree()
+    store, members = seeded(files, latency_s=0.05)
+    first, second = groups_of(members)[:2]
+    disk = await DiskStore.open(tmp_path / "c", DiskConfig(budget=256 * MiB, min_free=0))
+    assert disk is not None and not disk.shared
+    w = Worker(store, disk)
+    await w.packed.load()
+    store.reset_counts()
+    a = asyncio.create_task(w.read(store, first[0]))
+    for _ in range(2000):  # until the group's fetch is under way
+        if w.packed.covered(first[1]):
+            break
+        await asyncio.sleep(0.001)
+    assert w.packed.covered(first[1])
+    assert disk.stats.misses == 1  # the first member's own look-up
+    got = await asyncio.gather(*(w.read(store, k) for k in first[1:6]), a)
+    assert [bytes(g) for g in got] == [files[k] for k in (*first[1:6], first[0])]
+    assert disk.stats.misses == 1 and gets(store, "packs/ds/shard-") == 1
+    assert bytes(await w.read(store, second[0])) == files[second[0]]
+    assert disk.stats.misses == 2 and gets(store, "packs/ds/shard-") == 2
+    await disk.close()
+
+
+async def test_members_of_one_group_started_together_look_on_disk_once(tmp_path: Path) -> None:
+    """READs (or prefetches) of several members of one group started at once, before any has
+    reached the store (so none is "covered" yet): one of them looks in the disk tier; when it
+    is not there the others join the group's fetch without looking."""
+    files = group_tree()
+    store, members = seeded(files, latency_s=0.01)
+    first = groups_of(members)[0]
+    disk = await DiskStore.open(tmp_path / "c", DiskConfig(budget=256 * MiB, min_free=0))
+    assert disk is not None and not disk.shared
+    w = Worker(store, disk)
+    await w.packed.load()
+    store.reset_counts()
+    got = await asyncio.gather(*(w.read(store, k) for k in first[:8]))
+    assert [bytes(g) for g in got] == [files[k] for k in first[:8]]
+    assert disk.stats.misses == 1 and gets(store, "packs/ds/shard-") == 1
+    assert not w.reader._looking
+    await disk.close()
+
+
+async def test_members_prefetched_together_share_their_group_get() -> None:
+    """The data prefetcher asks for members in key order, several before the first one's
+    fetch reaches the store: each joins the group's one GET (two groups at once: one each),
+    and then every member of both is in memory."""
+    files = group_tree()
+    store, members = seeded(files, latency_s=0.01)
+    first, second = groups_of(members)[:2]
+    w = Worker(store, None)
+    await w.packed.load()
+    store.reset_counts()
+    reader, packed = w.reader, w.packed
+
+    def prefetch(key: str) -> asyncio.Future[bytes | memoryview] | None:
+        o = store._objects[key.encode()]
+        return reader.prefetch(packed, key, o.etag, len(o.data))
+
+    futs = [prefetch(k) for k in (*first[:10], second[0])]
+    assert all(f is not None for f in futs)
+    got = await asyncio.gather(*(f for f in futs if f is not None))
+    assert [bytes(g) for g in got] == [files[k] for k in (*first[:10], second[0])]
+    assert gets(store, "packs/ds/shard-") == 2 and gets(store, "ds/") == 0
+    for key in (*first, *second):
+        cached = w.cached(store, key)
+        assert cached is not None and bytes(cached) == files[key], key
+    assert prefetch(first[3]) is None  # cached
+
+
+async def test_members_found_on_disk_are_each_looked_for(tmp_path: Path) -> None:
+    """The same, when the first member looked for is in the disk tier (a restart over a warm
+    tier): the others look for themselves, and are found there too: no GET."""
+    files = group_tree()
+    store, members = seeded(files, latency_s=0.01)
+    group = groups_of(members)[0]
+    disk = await DiskStore.open(tmp_path / "c", DiskConfig(budget=256 * MiB, min_free=0))
+    assert disk is not None and not disk.shared
+    w = Worker(store, disk, budget=256 * KiB)  # no room in memory: neighbours go to disk
+    await w.packed.load()
+    assert bytes(await w.read(store, group[0])) == files[group[0]]
+    await disk.drain()
+    assert disk.stats.writes == len(group) - 1
+    later = Worker(store, disk)  # a new process over the same tier
+    await later.packed.load()
+    store.reset_counts()
+    misses = disk.stats.misses
+    got = await asyncio.gather(*(later.read(store, k) for k in group[1:9]))
+    assert [bytes(g) for g in got] == [files[k] for k in group[1:9]]
+    assert gets(store, "packs/ds/shard-") == 0 and gets(store, "ds/") == 0
+    assert disk.stats.misses == misses and disk.stats.hits >= 8
+    await disk.close()
+
+
 async def test_a_member_the_tier_lost_is_fetched_alone_not_with_its_group_again(
     tmp_path: Path,
 ) -> None:
