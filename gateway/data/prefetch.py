@@ -421,6 +421,7 @@ class DataPrefetcher:
         self._cache.epochs = False
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()  # once: each call is a getpid() system call
         while True:
             if self._clock.monotonic() - self._gauges_at > GAUGES_EVERY_S:
                 self._update_gauges()
@@ -449,7 +450,7 @@ class DataPrefetcher:
             self._inflight_bytes += size
             self._inflight_charge += size + BLOCK_ENTRY_CHARGE_BYTES
             self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
-            t = asyncio.get_running_loop().create_task(
+            t = loop.create_task(
                 self._one(d, r, key, d.cols.etag(r), size, where, tries), name="prefetch"
             )
             self._tasks.add(t)
