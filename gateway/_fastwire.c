@@ -860,9 +860,11 @@ static PyTypeObject RecordReaderType = {
 
 /* ------------------------------------------------------------------------- Mapping */
 
-/* A read-only MAP_SHARED mapping of a whole file, exported through the buffer protocol;
+/* A read-only MAP_SHARED mapping of ``size`` bytes of a file from ``offset`` (a multiple of
+ * the page size, as mmap requires: EINVAL otherwise), exported through the buffer protocol;
  * unmapped when the last reference (a memoryview of it included) goes. It keeps no file
- * descriptor: the kernel holds the file for the mapping. */
+ * descriptor: the kernel holds the file for the mapping. Map only what is read: a fault
+ * may map a whole large folio of the page cache, as far as the mapping reaches. */
 typedef struct {
     PyObject_HEAD
     void *addr;
@@ -872,26 +874,28 @@ typedef struct {
 static PyObject *
 mapping_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"fd", "size", NULL};
+    static char *kwlist[] = {"fd", "size", "offset", NULL};
     int fd;
     Py_ssize_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "in:Mapping", kwlist, &fd, &size))
+    Py_ssize_t offset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "in|n:Mapping", kwlist, &fd, &size, &offset))
         return NULL;
-    if (fd < 0 || size <= 0) {
-        PyErr_SetString(PyExc_ValueError, "Mapping needs a file descriptor and a size > 0");
+    if (fd < 0 || size <= 0 || offset < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "Mapping needs a file descriptor, a size > 0 and an offset >= 0");
         return NULL;
     }
     struct stat st;
     if (fstat(fd, &st) < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
-    if (!S_ISREG(st.st_mode) || (long long)size > (long long)st.st_size) {
+    if (!S_ISREG(st.st_mode) || (long long)size > (long long)st.st_size - (long long)offset) {
         /* Pages past the end of the file would raise SIGBUS when read. */
         PyErr_SetString(PyExc_ValueError, "Mapping: not a regular file, or size past its end");
         return NULL;
     }
     void *addr;
     Py_BEGIN_ALLOW_THREADS
-    addr = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    addr = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, (off_t)offset);
     Py_END_ALLOW_THREADS
     if (addr == MAP_FAILED)
         return PyErr_SetFromErrno(PyExc_OSError);

@@ -223,15 +223,16 @@ def record_reader(max_record: int) -> Records:
     return reader
 
 
-def map_file(fd: int, size: int) -> Buffer:
-    """The first ``size`` (> 0) bytes of the file open on ``fd``, mapped read-only and shared,
-    as a buffer (``memoryview`` it). The C twin keeps no file descriptor; ``mmap.mmap``, the
-    Python twin, keeps a duplicate of ``fd`` open for each mapping (``mapping_fds``). OSError
-    when the kernel refuses the mapping."""
+def map_file(fd: int, size: int, offset: int = 0) -> Buffer:
+    """``size`` (> 0) bytes of the file open on ``fd`` from ``offset`` (a multiple of
+    ``mmap.PAGESIZE``), mapped read-only and shared, as a buffer (``memoryview`` it). The C
+    twin keeps no file descriptor; ``mmap.mmap``, the Python twin, keeps a duplicate of
+    ``fd`` open for each mapping (``mapping_fds``). OSError when the kernel refuses the
+    mapping (an unaligned offset: EINVAL), ValueError for a range past the file's end."""
     c = compiled()
     if c is None:
-        return cast(Buffer, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ))
-    m: Buffer = c.Mapping(fd, size)
+        return cast(Buffer, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ, offset=offset))
+    m: Buffer = c.Mapping(fd, size, offset)
     return m
 
 

@@ -53,6 +53,7 @@ import errno
 import fcntl
 import hashlib
 import heapq
+import mmap
 import os
 import stat
 import struct
@@ -245,11 +246,15 @@ def map_entry(path: str, k: DiskKey) -> tuple[int, memoryview | bytes, str]:
     return status, body, why
 
 
-def _map(fd: int, size: int) -> memoryview | None:
-    """The first ``size`` bytes of ``fd`` as a read-only shared mapping; None when the kernel
-    refuses one (ENOMEM: the process is at ``vm.max_map_count``): the caller copies."""
+def _map(fd: int, start: int, end: int) -> memoryview | None:
+    """Bytes ``[start, end)`` of ``fd`` as a read-only shared mapping of the pages they span
+    and no more: a fault maps as much of a large page-cache folio as the mapping reaches (a
+    freshly written bundle's folios are up to MiBs), so a mapping of a whole bundle made one
+    body's hit resident for its neighbours too. None when the kernel refuses one (ENOMEM:
+    the process is at ``vm.max_map_count``): the caller copies."""
+    first = start - start % mmap.PAGESIZE
     try:
-        return memoryview(fastwire.map_file(fd, size))
+        return memoryview(fastwire.map_file(fd, end - first, first))[start - first :]
     except OSError:
         return None
 
@@ -279,11 +284,8 @@ def verify(path: str, k: DiskKey, mapped: bool) -> tuple[int, memoryview | bytes
             if not why:
                 body: memoryview | bytes = b""
                 if k.length:
-                    view = _map(fd, st.st_size) if mapped else None
-                    if view is not None:
-                        body = view[off + hlen : off + nbytes]
-                    else:
-                        body = pread_all(fd, k.length, off + hlen)
+                    view = _map(fd, off + hlen, off + nbytes) if mapped else None
+                    body = view if view is not None else pread_all(fd, k.length, off + hlen)
                 if len(body) != k.length:
                     why = "short read"
                 elif zlib.crc32(body) != crc:
@@ -361,24 +363,24 @@ def write_bundle(
     bufs.insert(0, encode_table(rows))
     tmp = os.path.join(root, keys[todo[0]].name[:2], tmp_name)
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    whole: memoryview | None = None
     try:
         try:
             _write_all(fd, bufs)
             if mapped:
                 # The inode about to be the bundle: its pages are the ones every other process
-                # maps; this process drops its private copies for them.
-                whole = _map(fd, off)
+                # maps; this process drops its private copies for them (each body its own
+                # mapping: ``_map``).
+                for i, (_, eoff, nbytes) in zip(todo, rows, strict=True):
+                    if keys[i].length:
+                        views[i] = _map(fd, eoff + nbytes - keys[i].length, eoff + nbytes)
         finally:
             os.close(fd)
-        for i, (_, eoff, nbytes) in zip(todo, rows, strict=True):
+        for i in todo:
             try:
                 os.link(tmp, dests[i])
             except FileExistsError:  # published by another process since the look above
                 status[i] = PRESENT
-                continue
-            if whole is not None and keys[i].length:
-                views[i] = whole[eoff + nbytes - keys[i].length : eoff + nbytes]
+                views[i] = None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

@@ -580,3 +580,30 @@ def test_map_file_twins_give_the_same_bytes(tmp_path: Path, monkeypatch: Any) ->
         os.close(fd)
         fastwire.compiled.cache_clear()
     assert views[0] == views[1] == (b"0123456789" * 1000)[5:]
+
+
+def test_map_file_twins_map_a_range_from_a_page_offset(tmp_path: Path, monkeypatch: Any) -> None:
+    """A range from a page-aligned offset: the same bytes from both twins; an unaligned
+    offset is the kernel's EINVAL (OSError) and a range past the end a ValueError in both."""
+    import mmap
+
+    data = os.urandom(5 * mmap.PAGESIZE + 123)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    got: list[bytes] = []
+    try:
+        for pure in ("", "1"):
+            monkeypatch.setenv("NFSGW_PURE_PYTHON", pure)
+            fastwire.compiled.cache_clear()
+            got.append(
+                bytes(memoryview(fastwire.map_file(fd, 2 * mmap.PAGESIZE + 7, 2 * mmap.PAGESIZE)))
+            )
+            with pytest.raises(OSError):
+                fastwire.map_file(fd, 10, 100)
+            with pytest.raises(ValueError):
+                fastwire.map_file(fd, 3 * mmap.PAGESIZE + 124, 2 * mmap.PAGESIZE)
+    finally:
+        os.close(fd)
+        fastwire.compiled.cache_clear()
+    assert got[0] == got[1] == data[2 * mmap.PAGESIZE : 4 * mmap.PAGESIZE + 7]

@@ -198,7 +198,14 @@ class Fuzz:
                         raise AssertionError(f"Mapping({size}, {n}) differs")
                     ref.close()
                     self.cases += 1
-                for bad in ((fd, 0), (fd, -1), (fd, size + 1), (-1, 1)):
+                for off in range(0, size, mmap.PAGESIZE * 3):  # a range from a page offset
+                    n = self.rng.randrange(1, size - off + 1)
+                    view = memoryview(self.c.Mapping(fd, n, off))
+                    if bytes(view) != data[off : off + n]:
+                        raise AssertionError(f"Mapping({size}, {n}, {off}) differs")
+                    self.cases += 1
+                bad_args = ((fd, 0), (fd, -1), (fd, size + 1), (-1, 1), (fd, 1, -4096))
+                for bad in (*bad_args, (fd, size, mmap.PAGESIZE), (fd, 1, 1)):
                     try:
                         self.c.Mapping(*bad)
                     except (ValueError, OSError):
