@@ -462,8 +462,8 @@ class DiskStore:
         joins the open batch, written as one bundle once it holds ``bundle_entries`` entries
         or ``bundle_bytes``, or ``bundle_window_s`` after its first entry; the task says,
         once that bundle is written, whether ``k`` was. A shared tier then hands the written
-        body, as a mapping of the bundle, to ``mapped`` (the caller drops its private copy
-        for it)."""
+        body, as a mapping of its pages in the bundle, to ``mapped`` (the caller drops its
+        private copy for it)."""
         fut = self._join(k, data)
 
         async def run() -> bool:

@@ -33,17 +33,18 @@ list it, a table or an entry that fails a check: that one name is BAD and unlink
 still the same inode); the bundle's other entries are verified on their own when read.
 
 Mappings. A body served as a mapping (``map_entry``, ``write_bundle(..., mapped=True)``) is a
-slice of a ``MAP_SHARED``, ``PROT_READ`` view of the whole bundle (``fastwire.map_file``: no
-file descriptor kept per mapping, unless the Python twin has to use ``mmap.mmap``), whose
-pages are the page cache's: every worker process mapping the same entry reads the same
-physical pages, so the host holds a file once however many workers serve it. It is safe
-because nfsgw never changes a bundle in place: a new entry is a new inode linked under the
-name, eviction and a failed verification unlink names, and an unlinked inode lives on until
-its last mapping is gone (a mapping of one entry keeps its whole bundle's disk space until
-then). What would break a mapping is outside nfsgw: a file under the cache directory
-truncated or rewritten in place by another program (delete files there, never edit them),
-or the disk failing under a page the kernel has to read again; either raises SIGBUS in the
-process that touches it (docs/operations.md, "Disk cache tier").
+``MAP_SHARED``, ``PROT_READ`` view of the pages the body spans in its bundle, and no more
+(``_map``: a fault maps as much of a large page-cache folio as the mapping reaches;
+``fastwire.map_file``: no file descriptor kept per mapping, unless the Python twin has to
+use ``mmap.mmap``), whose pages are the page cache's: every worker process mapping the
+same entry reads the same physical pages, so the host holds a file once however many
+workers serve it. It is safe because nfsgw never changes a bundle in place: a new entry is a
+new inode linked under the name, eviction and a failed verification unlink names, and an
+unlinked inode lives on until its last mapping is gone (a mapping of one entry keeps its
+whole bundle's disk space until then). What would break a mapping is outside nfsgw: a file
+under the cache directory truncated or rewritten in place by another program (delete files
+there, never edit them), or the disk failing under a page the kernel has to read again;
+either raises SIGBUS in the process that touches it (docs/operations.md, "Disk cache tier").
 """
 
 from __future__ import annotations
@@ -240,7 +241,7 @@ def read_entry(path: str, k: DiskKey) -> tuple[int, bytes, str]:
 
 
 def map_entry(path: str, k: DiskKey) -> tuple[int, memoryview | bytes, str]:
-    """``read_entry`` with the body as a read-only shared mapping of the bundle (the module
+    """``read_entry`` with the body as a read-only shared mapping of its pages (the module
     docstring's "Mappings"), verified once here; an empty body is ``b""``."""
     status, body, why, _ = verify(path, k, mapped=True)
     return status, body, why

@@ -41,8 +41,8 @@ def mapping_limit() -> int:
 def mapped_size(view: memoryview) -> int:
     """The pages behind ``view``, a slice of a file mapping (``is_mapping``): those its bytes
     span (at most its length plus a page), rounded up to whole pages, and no more than the
-    whole mapping's. A disk-tier entry's body is a slice of a mapping of its whole bundle
-    (``gateway.data.diskfile``), of which it holds resident only the pages it reads."""
+    whole mapping's (a disk-tier body is mapped from the page it starts in to its end:
+    ``gateway.data.diskfile._map``)."""
     span = min(memoryview(view.obj).nbytes, view.nbytes + mmap.PAGESIZE - 1)
     return -(-span // mmap.PAGESIZE) * mmap.PAGESIZE
 
