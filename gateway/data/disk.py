@@ -17,8 +17,8 @@ Every configuration has the tier (``resolve_cache_dir``: ``server.cache_dir``, s
 workers of ``--workers auto`` share it. With several workers it is *shared*
 (``DiskStore(shared=True)``):
 
-* **Held once.** A hit returns the body as a read-only mapping (a slice of a mapping of the
-  entry's bundle: ``diskfile.map_entry``, verified once), and a publish hands the writer a
+* **Held once.** A hit returns the body as a read-only mapping (of the pages it spans in its
+  bundle: ``diskfile.map_entry``, verified once), and a publish hands the writer a
   mapping of what it wrote (the reader swaps its private copy for it: ``DataCache.swap``).
   The pages are the page cache's: N workers serving a file hold it once. The memory tier
   charges a mapping ``1 / workers`` of the pages it spans.
