@@ -84,6 +84,22 @@ Sharing without a coordinator
   temporary name or a mapping keeps it), and only what eviction really freed
   (``st_nlink``) is taken off the accounting.
 
+One user, no look-ups
+---------------------
+A miss costs a round trip to the tier's threads and a failed ``open`` (in a cold epoch ~8 % of
+the gateway's busy CPU: every prefetch and fetch looks first). An unshared tier skips it when
+it can know the name is not there. Its first user takes ``v2/locks/owner`` (``flock``, for its
+life); any other unshared user of the directory (a second gateway pointed at it, a second store
+in one process) is a *guest*: it holds ``v2/locks/guests`` shared and writes a fresh nonce into
+it before it writes anything (``diskfile.presence``). The owner keeps a Bloom filter of the
+names it knows are there (``diskfile.NameFilter``: built by each scan that starts with no
+guest holding the lock, plus every name it writes or finds present; < 1 % false "present"; 1-16
+MiB) and answers a look-up "absent" from it while the nonce it maps (no system call) is the one
+it read before that scan; a changed nonce drops the filter until a scan finds no guest. A false
+"absent" can only cost a second GET of bytes that are on disk, never a wrong byte: a guest
+that came and left between two of the owner's scans, or a cache directory shared across hosts
+(one page cache per host: not supported). A shared tier (several workers) always looks.
+
 Admission and eviction (scan- and shuffle-resistant, like the memory tier)
 ---------------------------------------------------------------------------
 While the tier has room, every fetched block is published. When it is full, a new entry must
@@ -259,6 +275,7 @@ class DiskStore:
         executor: ThreadPoolExecutor,
         shared: bool = False,
         clock: Clock | None = None,
+        presence: files.Presence | None = None,
     ) -> None:
         self.root = root
         self._clock = clock if clock is not None else SystemClock()
@@ -286,6 +303,10 @@ class DiskStore:
         self._batch: _Batch | None = None  # the open batch (entries join it: ``publish``)
         self._swept = False  # an older layout's directory is gone (``sweep_old_layouts``)
         self._errors_logged = 0
+        self._presence = presence  # unshared: the tier's owner or a guest (files.presence)
+        self._names: files.NameFilter | None = None  # the owner's, while no guest came
+        self._mark = b""  # the guests' nonce when ``_names`` was built
+        self._scan_writes: list[int] | None = None  # names written while a scan runs
         stats.enabled = 1
         stats.budget_bytes = budget
 
@@ -307,10 +328,17 @@ class DiskStore:
             return None
         ex = ThreadPoolExecutor(config.threads, thread_name_prefix="nfsgw-disk")
         loop = asyncio.get_running_loop()
+        pres: files.Presence | None = None
         try:
             root, fs_size, _ = await loop.run_in_executor(ex, files.prepare, cache_dir)
-            sc = await loop.run_in_executor(ex, files.scan, root, MAX_CANDIDATES)
+            if not shared:
+                pres = await loop.run_in_executor(ex, files.presence, root)
+            mark = pres.mark() if pres is not None else b""
+            guests_fd = pres.guests_fd if pres is not None and pres.owner else -1
+            sc = await loop.run_in_executor(ex, files.scan, root, MAX_CANDIDATES, guests_fd)
         except OSError as e:
+            if pres is not None:
+                pres.close()
             ex.shutdown(wait=False)
             log.error(
                 "disk_cache_disabled",
@@ -326,8 +354,8 @@ class DiskStore:
             budget = config.budget
         else:  # invariant under the tier's own writes: free space falls as the cache grows
             budget = max(0, int((sc.free + sc.used - min_free) * AUTO_SHARE))
-        self = cls(root, budget, min_free, config, stats, ex, shared, clock)
-        self._apply_scan(sc)
+        self = cls(root, budget, min_free, config, stats, ex, shared, clock, pres)
+        self._apply_scan(sc, mark)
         if self._used > budget:
             await self._shrink()
         self._maint = loop.create_task(self._maintain(), name="disk-cache-maintenance")
@@ -341,6 +369,7 @@ class DiskStore:
             fs_free=sc.free,
             min_free=min_free,
             shared=shared,
+            sole_user=self._names is not None,
             refusing_new_entries=sc.free < min_free,
             scan_s=round(sc.seconds, 3),
         )
@@ -379,6 +408,10 @@ class DiskStore:
         no body allocated by the tier's threads), else a copy."""
         self._sketch.increment(k.hash64)
         st = self.stats
+        if self._absent(k):
+            st.lookups_skipped += 1
+            st.misses += 1
+            return None
         try:
             status, body, why, freed = await asyncio.get_running_loop().run_in_executor(
                 self._ex, files.verify, self.path(k), k, mapped
@@ -404,9 +437,33 @@ class DiskStore:
 
     async def contains(self, k: DiskKey) -> bool:
         """Whether the entry's name is present (not verified: a read verifies)."""
+        if self._absent(k):
+            return False
         return await asyncio.get_running_loop().run_in_executor(
             self._ex, files.exists, self.path(k)
         )
+
+    def _absent(self, k: DiskKey) -> bool:
+        """Whether the tier's sole user knows ``k`` is not there, with no file opened (module
+        docstring, "One user, no look-ups"): its name filter says so and no guest came since
+        the filter's scan (a guest's nonce changes ``mark``; then the filter is dropped until a
+        scan finds no guest)."""
+        names = self._names
+        if names is None:
+            return False
+        assert self._presence is not None
+        if self._presence.mark() != self._mark:
+            self._names = None
+            log.info("disk_cache_not_sole_user", cache_dir=os.path.dirname(self.root))
+            return False
+        return k.hash64 not in names
+
+    def _remember(self, k: DiskKey) -> None:
+        """``k``'s name is on disk now (written, or found there): the owner's filter holds it."""
+        if self._names is not None:
+            self._names.add(k.hash64)
+        if self._scan_writes is not None:
+            self._scan_writes.append(k.hash64)
 
     async def claim(self, k: DiskKey) -> Claim:
         """The right to fetch ``k`` from the backend, when the tier is shared: waits while
@@ -634,6 +691,8 @@ class DiskStore:
                 self._writing.discard(k.name)
                 self._reserved -= k.charge
                 self._pending -= k.length
+                if s == files.WRITTEN or s == files.PRESENT:
+                    self._remember(k)
                 if s == files.WRITTEN:
                     written += k.charge
                     st.writes += 1
@@ -707,7 +766,17 @@ class DiskStore:
         log.info("disk_cache_shrunk", evicted=names, used=self._used, budget=self.budget_bytes)
         self._gauges()
 
-    def _apply_scan(self, sc: files.Scan) -> None:
+    def _apply_scan(self, sc: files.Scan, mark: bytes) -> None:
+        """Take a scan's accounting and candidates; the owner also its name filter (plus the
+        names written while it ran), unless a guest came since ``mark`` was read."""
+        pres = self._presence
+        if sc.names is not None and pres is not None and pres.mark() == mark:
+            for h in self._scan_writes or ():
+                sc.names.add(h)
+            self._names, self._mark = sc.names, mark
+        else:
+            self._names = None
+        self.stats.name_filter_bytes = self._names.nbytes if self._names is not None else 0
         self._used = sc.used + self._reserved
         self._fs_free = sc.free
         self._oldest = deque(sc.oldest)
@@ -718,11 +787,23 @@ class DiskStore:
         self._gauges()
 
     async def rescan(self) -> float:
-        """Scan the directory now (accounting, candidates); the seconds it took."""
-        sc = await asyncio.get_running_loop().run_in_executor(
-            self._ex, files.scan, self.root, MAX_CANDIDATES
-        )
-        self._apply_scan(sc)
+        """Scan the directory now (accounting, candidates, the owner's name filter); the
+        seconds it took."""
+        pres = self._presence
+        owner = pres is not None and pres.owner
+        mark = pres.mark() if pres is not None else b""
+        self._scan_writes = [] if owner else None
+        try:
+            sc = await asyncio.get_running_loop().run_in_executor(
+                self._ex,
+                files.scan,
+                self.root,
+                MAX_CANDIDATES,
+                pres.guests_fd if pres is not None and owner else -1,
+            )
+            self._apply_scan(sc, mark)
+        finally:
+            self._scan_writes = None
         return sc.seconds
 
     async def flush_touches(self) -> None:
@@ -797,4 +878,7 @@ class DiskStore:
         await self.drain()
         await self.flush_touches()
         self._ex.shutdown(wait=False)
+        self._names = None
+        if self._presence is not None:
+            self._presence.close()
         self.stats.enabled = 0

@@ -3,11 +3,13 @@ that ``gateway.data.disk.DiskStore`` runs on its executor (never on the event lo
 
 Owns: the layout ``<cache_dir>/v2/<2 hex>/<32 hex>`` (the name is the BLAKE2b-128 of the
 entry's identity) and ``<cache_dir>/v2/locks/<3 hex>`` (the fetch claims), the bundle format
-(below), the read-and-verify (into bytes, or as a read-only shared mapping), the publish of a
-bundle (write a temporary file, hard-link it under each entry's name, unlink the temporary
-name), the claims (``flock`` on a lock file), the directory scan (per inode), eviction by
-unlink, the mtime touches, and the removal of an older layout's directory. Must not: keep
-state (each function takes what it needs and returns a result) or run on the event loop.
+(below), ``<cache_dir>/v2/locks/owner`` and ``guests`` (who else uses the directory), the
+name filter of a sole user (``NameFilter``), the read-and-verify (into bytes, or as a
+read-only shared mapping), the publish of a bundle (write a temporary file, hard-link it under
+each entry's name, unlink the temporary name), the claims (``flock`` on a lock file), the
+directory scan (per inode), eviction by unlink, the mtime touches, and the removal of an older
+layout's directory. Must not: keep state (each function takes what it needs and returns a
+result; ``Presence`` holds the locks it took) or run on the event loop.
 
 Bundles (layout v2). The file behind an entry's name is a *bundle*: one inode holding up to
 ``MAX_BUNDLE_ENTRIES`` entries, each of them a hard link to it. Creating, renaming and
@@ -49,6 +51,7 @@ either raises SIGBUS in the process that touches it (docs/operations.md, "Disk c
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
@@ -71,6 +74,8 @@ __all__ = [
     "LAYOUT",
     "MAX_BUNDLE_ENTRIES",
     "DiskKey",
+    "NameFilter",
+    "Presence",
     "Scan",
     "Victim",
     "charge_of",
@@ -81,7 +86,9 @@ __all__ = [
     "evict",
     "exists",
     "fs_free",
+    "guests_present",
     "map_entry",
+    "presence",
     "prepare",
     "read_entry",
     "scan",
@@ -115,6 +122,8 @@ HIT, MISS, BAD = 0, 1, 2  # read_entry outcomes
 WRITTEN, FULL, PRESENT = 0, 1, 2  # write_bundle outcomes, per entry
 LOCKS: Final = "locks"  # under the layout directory: the fetch claims' lock files
 LOCK_STRIPES: Final = 4096  # lock files (3 hex digits of the entry name)
+OWNER_LOCK: Final = "owner"  # under LOCKS: held by the directory's first unshared user
+GUESTS_LOCK: Final = "guests"  # under LOCKS: held shared by every other unshared user
 
 
 def charge_of(file_bytes: int) -> int:
@@ -426,6 +435,143 @@ def exists(path: str) -> bool:
         return False
 
 
+# -- who else uses the directory, and what a sole user knows is there ----------------------
+
+
+class Presence:
+    """This process's place among the users of the tier that do not share it (``presence``):
+    the *owner* (``owner_fd`` >= 0: holds ``locks/owner``) or a *guest* (holds ``locks/guests``
+    shared for its life, and wrote a fresh nonce into it on arrival). The owner maps the
+    first 8 bytes of ``locks/guests`` (``mark``): a guest's arrival changes them before it
+    writes any entry, so the owner sees it without a system call (same host: one page cache)."""
+
+    __slots__ = ("_map", "guests_fd", "owner_fd")
+
+    def __init__(self, owner_fd: int, guests_fd: int) -> None:
+        self.owner_fd = owner_fd
+        self.guests_fd = guests_fd
+        self._map = mmap.mmap(guests_fd, _MARK, prot=mmap.PROT_READ) if owner_fd >= 0 else None
+
+    @property
+    def owner(self) -> bool:
+        return self.owner_fd >= 0
+
+    def mark(self) -> bytes:
+        """The owner's view of the last guest's nonce (b"" for a guest)."""
+        return self._map[:_MARK] if self._map is not None else b""
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        for fd in (self.owner_fd, self.guests_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)  # drops the flock
+        self.owner_fd = self.guests_fd = -1
+
+
+_MARK: Final = 8  # bytes of the guests' nonce at the start of locks/guests
+
+
+def presence(root: str) -> Presence:
+    """Take this process's place (``Presence``): the first unshared user to take
+    ``locks/owner`` (an exclusive ``flock``, non-blocking, held for the process's life and
+    dropped by the kernel when it dies) is the owner; any other (a second gateway on the same
+    directory, a second store in one process: each open is its own lock) takes
+    ``locks/guests`` shared, held likewise (the owner's ``guests_present``), then writes a
+    fresh nonce at its start (the owner's ``Presence.mark``). Blocking (a guest may wait out
+    an owner's check): the executor's."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+    owner = os.open(os.path.join(root, LOCKS, OWNER_LOCK), flags, 0o600)
+    guests = -1
+    try:
+        try:
+            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(owner)
+            owner = -1
+        guests = os.open(os.path.join(root, LOCKS, GUESTS_LOCK), flags, 0o600)
+        if owner >= 0:
+            if os.fstat(guests).st_size < _MARK:
+                os.ftruncate(guests, _MARK)  # extends with zeros: never overwrites a nonce
+        else:
+            fcntl.flock(guests, fcntl.LOCK_SH)
+            os.pwrite(guests, os.urandom(_MARK), 0)
+        return Presence(owner, guests)
+    except BaseException:
+        for fd in (owner, guests):
+            if fd >= 0:
+                os.close(fd)
+        raise
+
+
+def guests_present(guests_fd: int) -> bool:
+    """Whether any guest holds ``locks/guests`` (the owner's question): an exclusive,
+    non-blocking ``flock`` that is dropped at once when it was granted."""
+    try:
+        fcntl.flock(guests_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(guests_fd, fcntl.LOCK_UN)
+    return False
+
+
+class NameFilter:
+    """The entry names a sole user of the tier knows are there: a Bloom filter over the names'
+    first 64 bits (``DiskKey.hash64``; the names are BLAKE2b, so those bits are uniform),
+    ``bits`` (a power of two) and 4 probes by double hashing. Never a false "absent" for a
+    name added; a false "present" (< 1 % while it holds at most ``bits / 10`` names, the
+    size ``sized_for`` picks) only costs the look-up it would have made anyway. Names are never
+    removed (an evicted or dropped name stays "present" until the next scan rebuilds it)."""
+
+    __slots__ = ("_bits", "_mask", "count")
+
+    PROBES: Final = 4
+    MIN_BITS: Final = 1 << 20  # 128 KiB
+    MAX_BITS: Final = 1 << 27  # 16 MiB
+
+    def __init__(self, bits: int) -> None:
+        if bits <= 0 or bits & (bits - 1):
+            raise ValueError("bits must be a power of two")
+        self._bits = bytearray(bits >> 3)
+        self._mask = bits - 1
+        self.count = 0
+
+    @classmethod
+    def sized_for(cls, names: int) -> NameFilter:
+        """A filter for ``names`` now and as many more written before the next scan: ~10-20
+        bits per name, within ``MIN_BITS``..``MAX_BITS``."""
+        want = 20 * max(names, 1)
+        bits = cls.MIN_BITS
+        while bits < want and bits < cls.MAX_BITS:
+            bits <<= 1
+        return cls(bits)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._bits)
+
+    def add(self, h: int) -> None:
+        m, b = self._mask, self._bits
+        x, step = h & 0xFFFFFFFF, (h >> 32) | 1
+        for _ in range(self.PROBES):
+            i = x & m
+            b[i >> 3] |= 1 << (i & 7)
+            x += step
+        self.count += 1
+
+    def __contains__(self, h: int) -> bool:
+        m, b = self._mask, self._bits
+        x, step = h & 0xFFFFFFFF, (h >> 32) | 1
+        for _ in range(self.PROBES):
+            i = x & m
+            if not b[i >> 3] & (1 << (i & 7)):
+                return False
+            x += step
+        return True
+
+
 @dataclass(slots=True)
 class Victim:
     """An eviction candidate: one bundle (inode) with the names a scan saw for it."""
@@ -444,6 +590,7 @@ class Scan:
     oldest: list[Victim]  # oldest first
     seconds: float
     bundles: int = 0  # inodes
+    names: NameFilter | None = None  # every entry name seen (``scan(..., names=True)``)
 
 
 def fs_free(path: str) -> tuple[int, int]:
@@ -464,12 +611,16 @@ def _stale_tmp(name: str, st: os.stat_result, now_ns: int) -> bool:
     return now_ns - born > STALE_TMP_NS
 
 
-def scan(root: str, keep: int) -> Scan:
+def scan(root: str, keep: int, guests_fd: int = -1) -> Scan:
     """Every name under ``root``: the budget used (each inode once, by ``st_ino``: a bundle's
     names share it), and as eviction candidates the oldest inodes (by mtime) holding at most
     ``keep`` names in all, each with every name this scan saw for it. Removes temporary
-    names of crashed writers."""
+    names of crashed writers. The tier's owner passes ``guests_fd``: when no guest is there
+    as the scan starts, ``names`` is a ``NameFilter`` of every entry name it saw."""
     t0 = time.monotonic()
+    seen: array.array[int] | None = None  # 8 bytes a name until the filter is sized
+    if guests_fd >= 0 and not guests_present(guests_fd):
+        seen = array.array("Q")
     now_ns = time.time_ns()
     used = n = inodes = 0
     more: dict[int, int] = {}  # inode -> its names not seen yet (a bundle's)
@@ -495,6 +646,9 @@ def scan(root: str, keep: int) -> Scan:
                             os.unlink(e.path)
                     continue
                 n += 1
+                if seen is not None:
+                    with contextlib.suppress(ValueError):  # not an entry's name: no entry
+                        seen.append(int(e.name[:16], 16))
                 ino = st.st_ino
                 v = cands.get(ino)
                 if v is not None:
@@ -522,7 +676,12 @@ def scan(root: str, keep: int) -> Scan:
                     _, gone = heapq.heappop(heap)
                     held -= len(cands.pop(gone).names)
     oldest = sorted(cands.values(), key=lambda v: v.mtime_ns)
-    return Scan(used, n, fs_free(root)[1], oldest, time.monotonic() - t0, inodes)
+    names = None
+    if seen is not None:
+        names = NameFilter.sized_for(len(seen))
+        for h in seen:
+            names.add(h)
+    return Scan(used, n, fs_free(root)[1], oldest, time.monotonic() - t0, inodes, names)
 
 
 def evict(root: str, victims: list[Victim]) -> tuple[int, int]:

@@ -113,6 +113,9 @@ class DiskStats:
     """Backend fetches whose entry another process had published by the time this one
     would have: the same bytes fetched twice by the gateway (the claims make it 0 unless a
     claim wait timed out)."""
+    lookups_skipped: int = 0
+    """Block lookups the tier's sole user answered "not on disk" from its name filter, with no
+    file opened (counted in ``misses`` too)."""
     claim_waits: int = 0
     """Fetches that waited for another process's fetch of the same entry (then read it)."""
     claim_timeouts: int = 0
@@ -127,3 +130,5 @@ class DiskStats:
     fs_free_bytes: int = 0
     """Free bytes of the cache filesystem (for unprivileged users) at the last check."""
     pending_write_bytes: int = 0
+    name_filter_bytes: int = 0
+    """Memory of the name filter this process keeps as the tier's sole user (0: not kept)."""

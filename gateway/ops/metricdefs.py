@@ -421,6 +421,9 @@ METRICS: tuple[MetricDef, ...] = (
     _M("nfsgw_disk_cache_claim_waits_total", COUNTER,
        "Fetches that waited for another worker's fetch of the same entry, then read it", (),
        _F("disk", "claim_waits")),
+    _M("nfsgw_disk_cache_lookups_skipped_total", COUNTER,
+       "Block lookups the tier's sole user answered from its name filter (not on disk) "
+       "without opening a file; counted as misses too", (), _F("disk", "lookups_skipped")),
     _M("nfsgw_disk_cache_claim_timeouts_total", COUNTER,
        "Claim waits that gave up (claim_wait_s) and fetched anyway", (),
        _F("disk", "claim_timeouts")),
@@ -437,6 +440,9 @@ METRICS: tuple[MetricDef, ...] = (
     _M("nfsgw_disk_cache_fs_free_bytes", GAUGE,
        "Free bytes of the cache filesystem at the last check", (), _F("disk", "fs_free_bytes"),
        merge=MAX),
+    _M("nfsgw_disk_cache_name_filter_bytes", GAUGE,
+       "Memory of the name filter kept by the tier's sole user (0: the tier is shared, or "
+       "another process uses its directory)", (), _F("disk", "name_filter_bytes")),
     _M("nfsgw_disk_cache_pending_write_bytes", GAUGE, "Bytes waiting to be written to disk", (),
        _F("disk", "pending_write_bytes")),
     # -- directory index: namespace.NamespaceStats, summed over exports -----------------------
