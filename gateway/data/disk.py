@@ -332,7 +332,10 @@ class DiskStore:
         try:
             root, fs_size, _ = await loop.run_in_executor(ex, files.prepare, cache_dir)
             if not shared:
-                pres = await loop.run_in_executor(ex, files.presence, root)
+                try:
+                    pres = await loop.run_in_executor(ex, files.presence, root)
+                except OSError as e:  # the tier works without: every miss looks
+                    log.warning("disk_cache_presence_failed", error=f"{type(e).__name__}: {e}")
             mark = pres.mark() if pres is not None else b""
             guests_fd = pres.guests_fd if pres is not None and pres.owner else -1
             sc = await loop.run_in_executor(ex, files.scan, root, MAX_CANDIDATES, guests_fd)

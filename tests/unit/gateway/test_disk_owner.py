@@ -206,3 +206,18 @@ async def test_a_shared_tier_always_looks(tmp_path: Path, monkeypatch: pytest.Mo
         await read_all(r, store, k)
     assert len(opened) == 5 and disk.stats.lookups_skipped == 0
     await disk.close()
+
+
+async def test_a_tier_whose_owner_lock_cannot_be_opened_works_without_skipping(
+    tmp_path: Path,
+) -> None:
+    store, keys = objects(3)
+    (tmp_path / "v2" / diskfile.LOCKS / diskfile.OWNER_LOCK).mkdir(parents=True)  # EISDIR
+    disk = await open_disk(tmp_path)
+    assert disk.stats.name_filter_bytes == 0
+    r = reader_over(disk)
+    for k in keys:
+        assert await read_all(r, store, k) == store.objects[k][0]
+    await disk.drain()
+    assert disk.stats.lookups_skipped == 0 and disk.stats.writes == 3
+    await disk.close()
