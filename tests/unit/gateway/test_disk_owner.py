@@ -92,6 +92,13 @@ def objects(n: int) -> tuple[FakeStore, list[str]]:
     return store, keys
 
 
+async def read_each(disk: DiskStore, store: FakeStore, keys: list[str]) -> None:
+    """Read every key whole through a fresh reader (a cold memory tier), bytes checked."""
+    r = reader_over(disk)
+    for k in keys:
+        assert await read_all(r, store, k) == store.objects[k][0]
+
+
 async def test_the_sole_user_opens_no_file_for_what_is_not_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -99,15 +106,11 @@ async def test_the_sole_user_opens_no_file_for_what_is_not_there(
     disk = await open_disk(tmp_path)
     assert disk.stats.name_filter_bytes == NameFilter.MIN_BITS // 8
     opened = count_verifies(monkeypatch)
-    r = reader_over(disk)
-    for k in keys:
-        assert await read_all(r, store, k) == store.objects[k][0]
+    await read_each(disk, store, keys)
     assert opened == [] and disk.stats.lookups_skipped == 10 and disk.stats.misses == 10
     await disk.drain()
     # What it wrote it finds (one open each, verified as always), from a cold memory tier.
-    r2 = reader_over(disk)
-    for k in keys:
-        assert await read_all(r2, store, k) == store.objects[k][0]
+    await read_each(disk, store, keys)
     assert len(opened) == 10 and disk.stats.hits == 10 and store.gets == 10
     assert await disk.contains(dkey(store, keys[0]))
     store.put("new", payload(OBJ, seed=99))
@@ -120,15 +123,11 @@ async def test_a_restarted_owner_knows_what_its_predecessor_left(
 ) -> None:
     store, keys = objects(10)
     a = await open_disk(tmp_path)
-    ra = reader_over(a)
-    for k in keys:
-        await read_all(ra, store, k)
+    await read_each(a, store, keys)
     await a.close()
     b = await open_disk(tmp_path)  # its scan built the filter from the names on disk
     opened = count_verifies(monkeypatch)
-    rb = reader_over(b)
-    for k in keys:
-        assert await read_all(rb, store, k) == store.objects[k][0]
+    await read_each(b, store, keys)
     assert b.stats.hits == 10 and b.stats.lookups_skipped == 0 and store.gets == 10
     assert len(opened) == 10
     await b.close()
@@ -141,15 +140,11 @@ async def test_a_guest_stops_the_skipping_at_once_and_a_scan_without_it_restores
     owner = await open_disk(tmp_path)
     guest = await open_disk(tmp_path)  # a second unshared user of the directory
     assert owner.stats.name_filter_bytes > 0 and guest.stats.name_filter_bytes == 0
-    rg = reader_over(guest)
-    for k in keys[:10]:
-        await read_all(rg, store, k)
+    await read_each(guest, store, keys[:10])
     await guest.drain()
     assert store.gets == 10
     # The owner never saw those names, but it sees the guest's nonce: it looks, and finds.
-    ro = reader_over(owner)
-    for k in keys[:10]:
-        assert await read_all(ro, store, k) == store.objects[k][0]
+    await read_each(owner, store, keys[:10])
     assert store.gets == 10 and owner.stats.hits == 10 and owner.stats.lookups_skipped == 0
     await owner.rescan()  # a guest is there: no filter
     assert owner.stats.name_filter_bytes == 0
@@ -157,9 +152,7 @@ async def test_a_guest_stops_the_skipping_at_once_and_a_scan_without_it_restores
     await owner.rescan()  # alone again: a filter of every name, the guest's included
     assert owner.stats.name_filter_bytes > 0
     opened = count_verifies(monkeypatch)
-    ro2 = reader_over(owner)
-    for k in keys:
-        assert await read_all(ro2, store, k) == store.objects[k][0]
+    await read_each(owner, store, keys)
     assert owner.stats.hits == 20 and owner.stats.lookups_skipped == 10
     assert len(opened) == 10 and store.gets == 20
     await owner.close()
@@ -183,15 +176,11 @@ async def test_names_written_while_a_scan_runs_stay_known(
     monkeypatch.setattr(diskfile, "scan", slow_scan)
     task = asyncio.create_task(disk.rescan())
     await scanning.wait()
-    r = reader_over(disk)
-    for k in keys:
-        await read_all(r, store, k)
+    await read_each(disk, store, keys)
     await disk.drain()
     await task
     assert disk.stats.name_filter_bytes > 0
-    r2 = reader_over(disk)
-    for k in keys:
-        assert await read_all(r2, store, k) == store.objects[k][0]
+    await read_each(disk, store, keys)
     assert disk.stats.hits == 4 and store.gets == 4
     await disk.close()
 
@@ -201,9 +190,7 @@ async def test_a_shared_tier_always_looks(tmp_path: Path, monkeypatch: pytest.Mo
     disk = await DiskStore.open(tmp_path, DiskConfig(min_free=0), DiskStats(), shared=True)
     assert disk is not None and disk.stats.name_filter_bytes == 0
     opened = count_verifies(monkeypatch)
-    r = reader_over(disk)
-    for k in keys:
-        await read_all(r, store, k)
+    await read_each(disk, store, keys)
     assert len(opened) == 5 and disk.stats.lookups_skipped == 0
     await disk.close()
 
@@ -215,9 +202,7 @@ async def test_a_tier_whose_owner_lock_cannot_be_opened_works_without_skipping(
     (tmp_path / "v2" / diskfile.LOCKS / diskfile.OWNER_LOCK).mkdir(parents=True)  # EISDIR
     disk = await open_disk(tmp_path)
     assert disk.stats.name_filter_bytes == 0
-    r = reader_over(disk)
-    for k in keys:
-        assert await read_all(r, store, k) == store.objects[k][0]
+    await read_each(disk, store, keys)
     await disk.drain()
     assert disk.stats.lookups_skipped == 0 and disk.stats.writes == 3
     await disk.close()
