@@ -21,7 +21,7 @@ the Python client (``tests/libnfs.py``); then ``--clients`` connections read the
 on connection k mod ``--clients``), each whole: open (LOOKUP, ACCESS), READ to EOF, close.
 ``--reader c`` (the default): the lean C reader (``benchmarks/nfsread.c`` via
 ``nfsreader.NfsReader``, one C thread per connection) checks every body against a local copy
-of the tree written under the work directory with the upload; its CPU is the client's.
+of the tree written with the upload (``local_copy``); its CPU is the client's.
 ``--reader python``: threads of this process over ``tests/libnfs.py`` (ctypes, one GIL) check
 every body against the uploaded file's sha256; this process's CPU is the client's. That was the
 method before the C reader: the client took about a core of the 2-core machine, which the
@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -68,7 +69,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -406,9 +407,28 @@ class PyReaders:
             c.close()
 
 
-def open_readers(kind: str, url: str, tree: Path, n: int) -> CReaders | PyReaders:
-    """The epoch's ``n`` connections to ``url``: ``kind`` "c" or "python" (``--reader``)."""
-    return CReaders(url, tree, n) if kind == "c" else PyReaders(url, n)
+def open_readers(kind: str, url: str, tree: Path | None, n: int) -> CReaders | PyReaders:
+    """The epoch's ``n`` connections to ``url``: ``kind`` "c" (checking against the local
+    copy ``tree``) or "python" (``--reader``)."""
+    if kind == "c":
+        assert tree is not None, "the C reader needs the local copy of the tree"
+        return CReaders(url, tree, n)
+    return PyReaders(url, n)
+
+
+@contextlib.contextmanager
+def local_copy(reader: str) -> Iterator[Path | None]:
+    """A fresh directory for the C reader's copy of the tree (None for ``--reader python``),
+    removed afterwards. On /dev/shm when there is one, not beside the gateway's state: this
+    VM's ext4 has no journal, and there every file created after thousands were deleted costs
+    more (docs/benchmarks.md, "More GETs in flight"), so deleting a 10,000-file copy would
+    slow the next run's disk tier."""
+    if reader != "c":
+        yield None
+        return
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="nfsgw-tree-", dir=shm) as d:
+        yield Path(d)
 
 
 def run_config(
@@ -421,6 +441,7 @@ def run_config(
     proxy: ProxyProcess,
     sw: SeaweedServer,
     work: Path,
+    local: Path | None,
 ) -> Run:
     config = "on" if prefetch else "off"
     name = f"gw-{scenario}-{config}"
@@ -456,7 +477,7 @@ def run_config(
     try:
         proxy_pid = proxy.proc.pid
         seaweed_pid = sw.proc.pid if sw.proc is not None else 0
-        readers = open_readers(a.reader, gw.libnfs_url("/data"), work / "tree", a.clients)
+        readers = open_readers(a.reader, gw.libnfs_url("/data"), local, a.clients)
         try:
             m_prev, p_prev = gw.metrics(), proxy.counts()  # epoch 1 counts the scan's too
             run.scan_s = round(readers.scan(manifest), 3)
@@ -717,12 +738,11 @@ def upload_tree(
 
 def run(a: argparse.Namespace) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="nfsgw-dp-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="nfsgw-dp-") as tmp, local_copy(a.reader) as local:
         work = Path(tmp)
         sw = SeaweedServer().start()
         proxy: ProxyProcess | None = None
         try:
-            local = work / "tree" if a.reader == "c" else None
             manifest = upload_tree(sw, BUCKET, a.files, a.size, work, local)
             total = manifest.total_bytes
             proxy = ProxyProcess(sw.endpoint_url, a.latency_ms, a.out / "proxy.log")
@@ -740,7 +760,9 @@ def run(a: argparse.Namespace) -> int:
                         f"memory {memory / MiB:.0f} MiB, {epochs} epoch(s), {a.clients} clients"
                     )
                     runs.append(
-                        run_config(a, scenario, prefetch, memory, epochs, manifest, proxy, sw, work)
+                        run_config(
+                            a, scenario, prefetch, memory, epochs, manifest, proxy, sw, work, local
+                        )
                     )
         finally:
             if proxy is not None:

@@ -13,10 +13,11 @@ gateway's state directory, fresh for each configuration; data prefetch on), and 
 clients: an ImageFolder-like scan (from the Python client, not timed), then ``--clients``
 connections each reading whole files in a fresh random order, every byte checked: by default
 the C reader (``benchmarks/nfsread.c``, against a local copy of the tree written with the
-upload), ``--reader python`` the threads over ``tests/libnfs.py`` that were the method before
-it (their ctypes client took about a core of the 2-core machine). Each epoch also reports the
-disk tier's hits and writes (a packed group's neighbours are written there too), its look-ups
-that missed, and the CPU of the gateway, the proxy, SeaweedFS and the client.
+upload, ``data_prefetch.local_copy``), ``--reader python`` the threads over
+``tests/libnfs.py`` that were the method before it (their ctypes client took about a core of
+the 2-core machine). Each epoch also reports the disk tier's hits and writes (a packed
+group's neighbours are written there too), its look-ups that missed, and the CPU of the
+gateway, the proxy, SeaweedFS and the client.
 
 1. **Pack**: ``nfsgw pack s3://bench/train --to s3://bench/packs/train`` straight against
    SeaweedFS (no added latency): seconds and MB/s, and the time projected for ImageNet's
@@ -56,6 +57,7 @@ from data_prefetch import (
     ProxyProcess,
     cpu_seconds,
     git_state,
+    local_copy,
     log,
     open_readers,
     upload_tree,
@@ -125,6 +127,7 @@ def run_gateway(
     proxy: ProxyProcess,
     sw: SeaweedServer,
     work: Path,
+    local: Path | None,
 ) -> Run:
     export: dict[str, object] = {
         "path": "/data",
@@ -156,7 +159,7 @@ def run_gateway(
                 interval_s=0.1,
                 log_tail=lambda: f"log: {gw.log_path}",
             )
-        readers = open_readers(a.reader, gw.libnfs_url("/data"), work / "tree", a.clients)
+        readers = open_readers(a.reader, gw.libnfs_url("/data"), local, a.clients)
         try:
             m0, p0 = gw.metrics(), proxy.counts()
             readers.scan(manifest)
@@ -226,12 +229,11 @@ def run_gateway(
 def run(a: argparse.Namespace) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     runs: list[Run] = []
-    with tempfile.TemporaryDirectory(prefix="nfsgw-packs-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="nfsgw-packs-") as tmp, local_copy(a.reader) as local:
         work = Path(tmp)
         sw = SeaweedServer().start()
         proxy: ProxyProcess | None = None
         try:
-            local = work / "tree" if a.reader == "c" else None
             manifest = upload_tree(sw, BUCKET, a.files, a.size, work, local)
             total = manifest.total_bytes
             packing = pack(sw, work, a.out)
@@ -250,7 +252,9 @@ def run(a: argparse.Namespace) -> int:
             ][: 2 if a.skip_2x else 3]
             for name, memory, epochs, packed in plan:
                 log(f"{name}: cache {memory / MiB:.0f} MiB, {epochs} epochs")
-                runs.append(run_gateway(a, name, memory, epochs, packed, manifest, proxy, sw, work))
+                runs.append(
+                    run_gateway(a, name, memory, epochs, packed, manifest, proxy, sw, work, local)
+                )
         finally:
             if proxy is not None:
                 proxy.stop()
