@@ -3,7 +3,7 @@ prefetch on and off, side by side in one run.
 
     .venv/bin/python benchmarks/data_prefetch.py [--files 5000] [--size 110000] [--epochs 3]
         [--latency-ms 20] [--clients 4] [--scenario a|b|both] [--prefetch-concurrency 24]
-        [--disk SIZE] [--out DIR]
+        [--disk SIZE] [--reader c|python] [--out DIR]
 
 Set-up: a throw-away SeaweedFS (``loadgen.seaweed``) holding a deterministic ImageNet-like tree
 (``loadgen.dataset``: ``--files`` files in folders of 100, lognormal sizes of mean ``--size``
@@ -14,11 +14,18 @@ them; then for each configuration a fresh ``nfsgw serve`` (``loadgen.gwprocess``
 read-only, immutable export, the default data cache: memory and the disk tier under the
 process's fresh state directory; ``--disk 0``: memory only) whose S3 endpoint is the proxy.
 
-Client: libnfs (``tests/libnfs.py``), independent of the gateway. First an ImageFolder-like scan
-from one connection (list the root, then every class folder, in order), then ``--clients``
-threads, each with its own connection, read the epoch's files (a fresh random order per epoch,
-the same orders for every configuration), each whole: open (LOOKUP, ACCESS), READ to EOF,
-close; every body is checked against the uploaded file's sha256.
+Client: libnfs, independent of the gateway. First an ImageFolder-like scan from one connection
+(list the root, then every class folder, in order; not part of the epoch's time), always from
+the Python client (``tests/libnfs.py``); then ``--clients`` connections read the epoch's files
+(a fresh random order per epoch, the same orders for every configuration; file k of the order
+on connection k mod ``--clients``), each whole: open (LOOKUP, ACCESS), READ to EOF, close.
+``--reader c`` (the default): the lean C reader (``benchmarks/nfsread.c`` via
+``nfsreader.NfsReader``, one C thread per connection) checks every body against a local copy
+of the tree written with the upload (``local_copy``); its CPU is the client's.
+``--reader python``: threads of this process over ``tests/libnfs.py`` (ctypes, one GIL) check
+every body against the uploaded file's sha256; this process's CPU is the client's. That was the
+method before the C reader: the client took about a core of the 2-core machine, which the
+gateway did not get.
 
 Scenarios (each runs prefetch ON, then OFF = ``--no-data-prefetch``):
 
@@ -34,7 +41,7 @@ Scenarios (each runs prefetch ON, then OFF = ``--no-data-prefetch``):
   wasted / prefetched objects (<= 5 %), memory hit ratio (READ block lookups served from memory).
 
 For every epoch: the gateway's CPU seconds (its process tree, psutil) per 1,000 files, those of
-the proxy, SeaweedFS and this client (the machine's cores are shared by all four), p50/p99
+the proxy, SeaweedFS and the client (the machine's cores are shared by all four), p50/p99
 per-file latency, the gateway's mean backend GET time (``nfsgw_s3_request_duration_seconds``),
 the prefetch passes that ended (epoch detection) and the prefetcher's gauges sampled every
 0.5 s (objects in flight, concurrency limit, share of the time it waited for room).
@@ -50,6 +57,7 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -61,7 +69,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -69,6 +77,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: _common
 from _common import ROOT, metric, results_dir, settle, wait_until, write_results
+from nfsreader import NfsReader
 
 from loadgen.dataset import DatasetSpec, Manifest, make_dataset
 from loadgen.gwmetrics import Samples
@@ -178,6 +187,7 @@ class Epoch:
     proxy_cpu_s: float
     seaweed_cpu_s: float
     client_cpu_s: float
+    client_cpu_s_per_1k: float
     passes: int
     pass_read_at_end: int
     started_at: float
@@ -189,6 +199,7 @@ class Epoch:
 class Run:
     scenario: str
     config: str
+    reader: str
     cache_memory: int
     scan_s: float = 0.0
     epochs: list[Epoch] = field(default_factory=list)
@@ -307,6 +318,119 @@ def read_epoch(
     return wall, sorted(x for a in lat for x in a), sum(nbytes), sum(errors)
 
 
+@dataclass(frozen=True, slots=True)
+class EpochRead:
+    """One epoch as the client saw it."""
+
+    seconds: float
+    files: int
+    bytes: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    client_cpu_s: float
+
+
+class CReaders:
+    """``n`` connections of the C reader (``benchmarks/nfsread.c``), every body checked
+    against the local copy ``tree``; the client's CPU is the reader process's."""
+
+    def __init__(self, url: str, tree: Path, n: int) -> None:
+        self.url = url
+        self.reader = NfsReader(url, tree, n)
+        try:
+            self.reader.open_all()
+        except BaseException:
+            self.reader.close()
+            raise
+
+    def scan(self, manifest: Manifest) -> float:
+        """``scan`` from a Python connection of its own (the C reader does not list)."""
+        nfs = LibNfs(self.url, timeout_ms=120_000)
+        try:
+            return scan(nfs, manifest)
+        finally:
+            nfs.close()
+
+    def epoch(self, manifest: Manifest, order: Sequence[int]) -> EpochRead:
+        cpu0 = self.reader.cpu_seconds()
+        r = self.reader.epoch(["/" + manifest.entries[k].path for k in order])
+        cpu = self.reader.cpu_seconds() - cpu0
+        if r["errors"]:
+            log(f"  the C reader saw {r['errors']} wrong or unreadable files (its stderr: which)")
+        return EpochRead(
+            seconds=r["seconds"],
+            files=r["files"],
+            bytes=r["bytes"],
+            errors=r["errors"],
+            p50_ms=r["p50_ms"],
+            p99_ms=r["p99_ms"],
+            client_cpu_s=cpu,
+        )
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class PyReaders:
+    """``n`` connections of ``tests/libnfs.py``, one Python thread each (``--reader python``,
+    the method before the C reader); the client's CPU is this process's."""
+
+    def __init__(self, url: str, n: int) -> None:
+        self.clients: list[LibNfs] = []
+        try:
+            for _ in range(n):
+                self.clients.append(LibNfs(url, timeout_ms=120_000))
+        except BaseException:
+            self.close()
+            raise
+
+    def scan(self, manifest: Manifest) -> float:
+        return scan(self.clients[0], manifest)
+
+    def epoch(self, manifest: Manifest, order: Sequence[int]) -> EpochRead:
+        cpu0 = time.process_time()
+        wall, lat, nbytes, errors = read_epoch(self.clients, manifest, order)
+        n = len(lat)
+        return EpochRead(
+            seconds=wall,
+            files=n,
+            bytes=nbytes,
+            errors=errors,
+            p50_ms=lat[n // 2] * 1e3 if lat else 0.0,
+            p99_ms=lat[min(n - 1, int(0.99 * n))] * 1e3 if lat else 0.0,
+            client_cpu_s=time.process_time() - cpu0,
+        )
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
+
+def open_readers(kind: str, url: str, tree: Path | None, n: int) -> CReaders | PyReaders:
+    """The epoch's ``n`` connections to ``url``: ``kind`` "c" (checking against the local
+    copy ``tree``) or "python" (``--reader``)."""
+    if kind == "c":
+        assert tree is not None, "the C reader needs the local copy of the tree"
+        return CReaders(url, tree, n)
+    return PyReaders(url, n)
+
+
+@contextlib.contextmanager
+def local_copy(reader: str) -> Iterator[Path | None]:
+    """A fresh directory for the C reader's copy of the tree (None for ``--reader python``),
+    removed afterwards. On /dev/shm when there is one, not beside the gateway's state: this
+    VM's ext4 has no journal, and there every file created after thousands were deleted costs
+    more (docs/benchmarks.md, "More GETs in flight"), so deleting a 10,000-file copy would
+    slow the next run's disk tier."""
+    if reader != "c":
+        yield None
+        return
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="nfsgw-tree-", dir=shm) as d:
+        yield Path(d)
+
+
 def run_config(
     a: argparse.Namespace,
     scenario: str,
@@ -317,6 +441,7 @@ def run_config(
     proxy: ProxyProcess,
     sw: SeaweedServer,
     work: Path,
+    local: Path | None,
 ) -> Run:
     config = "on" if prefetch else "off"
     name = f"gw-{scenario}-{config}"
@@ -347,28 +472,28 @@ def run_config(
         s3=Account(proxy.endpoint_url, sw.access_key, sw.secret_key),
         env=env,
     )
-    run = Run(scenario, config, memory)
+    run = Run(scenario, config, a.reader, memory)
     gw.start()
     try:
         proxy_pid = proxy.proc.pid
         seaweed_pid = sw.proc.pid if sw.proc is not None else 0
-        clients = [LibNfs(gw.libnfs_url("/data"), timeout_ms=120_000) for _ in range(a.clients)]
+        readers = open_readers(a.reader, gw.libnfs_url("/data"), local, a.clients)
         try:
             m_prev, p_prev = gw.metrics(), proxy.counts()  # epoch 1 counts the scan's too
-            run.scan_s = round(scan(clients[0], manifest), 3)
+            run.scan_s = round(readers.scan(manifest), 3)
             log(f"  {scenario.upper()} {config}: scan {run.scan_s:.2f} s")
             for e in range(epochs):
                 order = list(range(len(manifest.entries)))
                 random.Random(a.seed + e).shuffle(order)
                 cpu0, pcpu0 = cpu_seconds(gw.pid), cpu_seconds(proxy_pid)
-                scpu0, ccpu0 = cpu_seconds(seaweed_pid), time.process_time()
+                scpu0 = cpu_seconds(seaweed_pid)
                 started = time.time()
                 with Sampler(gw) as sampler:
-                    wall, lat, nbytes, errors = read_epoch(clients, manifest, order)
+                    r = readers.epoch(manifest, order)
                 cpu = cpu_seconds(gw.pid) - cpu0
                 pcpu = cpu_seconds(proxy_pid) - pcpu0
                 scpu = cpu_seconds(seaweed_pid) - scpu0
-                ccpu = time.process_time() - ccpu0
+                wall, ccpu = r.seconds, r.client_cpu_s
                 if scenario == "a":
                     settle(gw)  # every GET the epoch caused, prefetch included
                 m, p = gw.metrics(), proxy.counts()
@@ -376,7 +501,7 @@ def run_config(
                 def d(key: str, m: Samples = m, m0: Samples = m_prev) -> float:
                     return metric(m, key) - metric(m0, key)
 
-                n = len(lat)
+                n = r.files
                 g_sum, g_n = get_seconds(m)
                 g_sum0, g_n0 = get_seconds(m_prev)
                 hits = d("nfsgw_data_cache_hits_total")
@@ -387,10 +512,10 @@ def run_config(
                     files=n,
                     seconds=round(wall, 3),
                     files_per_s=round(n / wall, 1),
-                    mb_per_s=round(nbytes / wall / 1e6, 1),
-                    p50_ms=round(lat[n // 2] * 1e3, 2) if lat else 0.0,
-                    p99_ms=round(lat[min(n - 1, int(0.99 * n))] * 1e3, 2) if lat else 0.0,
-                    errors=errors,
+                    mb_per_s=round(r.bytes / wall / 1e6, 1),
+                    p50_ms=round(r.p50_ms, 2),
+                    p99_ms=round(r.p99_ms, 2),
+                    errors=r.errors,
                     gets=gets,
                     gets_per_file=round(gets / n, 4) if n else 0.0,
                     lists=p.get("LIST", 0) - p_prev.get("LIST", 0),
@@ -405,6 +530,7 @@ def run_config(
                     proxy_cpu_s=round(pcpu, 2),
                     seaweed_cpu_s=round(scpu, 2),
                     client_cpu_s=round(ccpu, 2),
+                    client_cpu_s_per_1k=round(ccpu / n * 1000, 3) if n else 0.0,
                     passes=round(d("nfsgw_prefetch_passes_total")),
                     pass_read_at_end=round(metric(m, "nfsgw_prefetch_pass_read_files")),
                     started_at=round(started, 3),
@@ -421,8 +547,8 @@ def run_config(
                     f"{ep.dropped}), passes ended {ep.passes} (files read in the pass at the "
                     f"end: {ep.pass_read_at_end}), errors {ep.errors}; CPU s: gateway "
                     f"{ep.gateway_cpu_s}, proxy {ep.proxy_cpu_s}, SeaweedFS {ep.seaweed_cpu_s}, "
-                    f"client {ep.client_cpu_s}; mean S3 GET seen by the gateway {ep.s3_get_ms} "
-                    f"ms; gauges {ep.gauges}"
+                    f"client ({run.reader}) {ep.client_cpu_s}; mean S3 GET seen by the gateway "
+                    f"{ep.s3_get_ms} ms; gauges {ep.gauges}"
                 )
             run.totals = {
                 k: v
@@ -430,8 +556,7 @@ def run_config(
                 if k.startswith(("nfsgw_prefetch_", "nfsgw_data_"))
             }
         finally:
-            for c in clients:
-                c.close()
+            readers.close()
     finally:
         gw.stop()
     return run
@@ -497,6 +622,7 @@ def summarize(a: argparse.Namespace, runs: Sequence[Run]) -> dict[str, object]:
             "gets_per_file": e.gets_per_file,
             "wasted": wasted_total,
             "on_cpu_s_per_1k": e.gateway_cpu_s_per_1k,
+            "on_client_cpu_s_per_1k": e.client_cpu_s_per_1k,
         }
         print(
             f"A (fits the cache), latency bound {a.clients} / {a.latency_ms:g} ms = "
@@ -518,6 +644,7 @@ def summarize(a: argparse.Namespace, runs: Sequence[Run]) -> dict[str, object]:
             res["off_gets_per_file"] = off.gets_per_file
             res["on_over_off"] = round(e.files_per_s / off.files_per_s, 2)
             res["off_cpu_s_per_1k"] = off.gateway_cpu_s_per_1k
+            res["off_client_cpu_s_per_1k"] = off.client_cpu_s_per_1k
             print(
                 f"  prefetch OFF: {off.files_per_s:,.0f} files/s = {off.files_per_s / bound:.2f}x "
                 f"the bound, GET/file {off.gets_per_file:.3f}; ON / OFF = "
@@ -525,7 +652,8 @@ def summarize(a: argparse.Namespace, runs: Sequence[Run]) -> dict[str, object]:
             )
             print(
                 f"  gateway CPU s per 1,000 files: ON {e.gateway_cpu_s_per_1k:.2f}, OFF "
-                f"{off.gateway_cpu_s_per_1k:.2f}"
+                f"{off.gateway_cpu_s_per_1k:.2f}; the client's ({a.reader} reader): ON "
+                f"{e.client_cpu_s_per_1k:.2f}, OFF {off.client_cpu_s_per_1k:.2f}"
             )
         out["a"] = res
     if ("b", "on") in by and ("b", "off") in by:
@@ -572,9 +700,12 @@ def git_state() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def upload_tree(sw: SeaweedServer, bucket: str, files: int, size: int, work: Path) -> Manifest:
+def upload_tree(
+    sw: SeaweedServer, bucket: str, files: int, size: int, work: Path, local: Path | None = None
+) -> Manifest:
     """The benchmark tree in a new ``bucket`` under ``PREFIX``: ``files`` files in folders of
-    ``PER_CLASS``, lognormal sizes of mean ``size`` (sd a quarter of it), seed 0."""
+    ``PER_CLASS``, lognormal sizes of mean ``size`` (sd a quarter of it), seed 0; also written
+    under ``local`` when given (the C reader's copy to check against)."""
     spec = DatasetSpec(
         classes=-(-files // PER_CLASS),
         per_class_min=PER_CLASS,
@@ -589,6 +720,7 @@ def upload_tree(sw: SeaweedServer, bucket: str, files: int, size: int, work: Pat
     manifest = asyncio.run(
         make_dataset(
             spec,
+            out_dir=local,
             s3_url=f"s3://{bucket}/{PREFIX}",
             s3_endpoint_url=sw.endpoint_url,
             access_key=sw.access_key,
@@ -606,12 +738,12 @@ def upload_tree(sw: SeaweedServer, bucket: str, files: int, size: int, work: Pat
 
 def run(a: argparse.Namespace) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="nfsgw-dp-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="nfsgw-dp-") as tmp, local_copy(a.reader) as local:
         work = Path(tmp)
         sw = SeaweedServer().start()
         proxy: ProxyProcess | None = None
         try:
-            manifest = upload_tree(sw, BUCKET, a.files, a.size, work)
+            manifest = upload_tree(sw, BUCKET, a.files, a.size, work, local)
             total = manifest.total_bytes
             proxy = ProxyProcess(sw.endpoint_url, a.latency_ms, a.out / "proxy.log")
             log(f"delay proxy {proxy.endpoint_url} -> {sw.endpoint_url}, +{a.latency_ms:g} ms")
@@ -628,7 +760,9 @@ def run(a: argparse.Namespace) -> int:
                         f"memory {memory / MiB:.0f} MiB, {epochs} epoch(s), {a.clients} clients"
                     )
                     runs.append(
-                        run_config(a, scenario, prefetch, memory, epochs, manifest, proxy, sw, work)
+                        run_config(
+                            a, scenario, prefetch, memory, epochs, manifest, proxy, sw, work, local
+                        )
                     )
         finally:
             if proxy is not None:
@@ -642,6 +776,7 @@ def run(a: argparse.Namespace) -> int:
         "args": {k: str(v) for k, v in vars(a).items()},
         "cpus": len(os.sched_getaffinity(0)),
         "commit": git_state(),
+        "reader": a.reader,
         "dataset": {"files": len(manifest.entries), "bytes": total},
         "runs": [asdict(r) for r in runs],
         "summary": summary,
@@ -667,6 +802,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="cache.disk (the disk tier's budget, 0: off); default: the gateway's (on, under "
         "its state directory)",
+    )
+    p.add_argument(
+        "--reader",
+        choices=["c", "python"],
+        default="c",
+        help="the epochs' client: the C reader (benchmarks/nfsread.c) or tests/libnfs.py from "
+        "Python threads (the method before the C reader)",
     )
     p.add_argument("--seed", type=int, default=1, help="epoch orders")
     p.add_argument("--out", type=Path, default=OUT, help="results.json and the logs")

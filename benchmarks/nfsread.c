@@ -13,7 +13,8 @@
  *   epoch LISTFILE   every path of LISTFILE (one per line, relative to the export and to
  *                    ROOT), file k on connection k mod N, all connections at once
  *                    -> {"files":..,"errors":..,"bytes":..,"seconds":..,"p50_ms":..,
- *                        "p99_ms":..,"max_ms":..}
+ *                        "p99_ms":..,"max_ms":..}; a connection's first wrong or
+ *                    unreadable file of the epoch is named on stderr
  *   quit
  *
  * Usage: nfsread URL ROOT N     (URL as tests/libnfs.py takes it: nfs://host/export?...)
@@ -142,7 +143,9 @@ static void *worker(void *arg) {
         ssize_t n = read_nfs(nfs, j->paths[k], &buf, &cap);
         j->lat[k] = now() - t0;
         if (n < 0 || !same_as_local(j->paths[k], buf, (size_t)n, &local, &lcap)) {
-            j->errors++;
+            if (j->errors++ == 0) /* which file, once per connection and epoch */
+                fprintf(stderr, "nfsread: %s: %s\n", j->paths[k],
+                        n < 0 ? nfs_get_error(nfs) : "not the local copy's bytes");
             continue;
         }
         j->bytes += (uint64_t)n;

@@ -2,7 +2,7 @@
 epochs over the same tree served unpacked and packed, side by side in one run.
 
     .venv/bin/python benchmarks/packs.py [--files 10000] [--size 110000] [--latency-ms 20]
-        [--clients 4] [--epochs-2x 3] [--workers 1] [--out DIR]
+        [--clients 4] [--epochs-2x 3] [--workers 1] [--reader c|python] [--out DIR]
 
 Set-up as ``benchmarks/data_prefetch.py`` (whose helpers this script reuses): a throw-away
 SeaweedFS holding ``--files`` files in folders of 100 (lognormal sizes of mean ``--size``),
@@ -10,9 +10,14 @@ the delay proxy in its own process adding ``--latency-ms`` to every request and 
 a fresh ``nfsgw serve`` per configuration (``--workers`` processes, one by default; read-only,
 immutable export; the default data cache: the memory tier plus the disk tier under the
 gateway's state directory, fresh for each configuration; data prefetch on), and libnfs
-clients: an ImageFolder-like scan, then ``--clients`` threads each reading whole files in a
-fresh random order, every byte checked. Each epoch also reports the disk tier's hits and
-writes (a packed group's neighbours are written there too), and its look-ups that missed.
+clients: an ImageFolder-like scan (from the Python client, not timed), then ``--clients``
+connections each reading whole files in a fresh random order, every byte checked: by default
+the C reader (``benchmarks/nfsread.c``, against a local copy of the tree written with the
+upload, ``data_prefetch.local_copy``), ``--reader python`` the threads over
+``tests/libnfs.py`` that were the method before it (their ctypes client took about a core of
+the 2-core machine). Each epoch also reports the disk tier's hits and writes (a packed
+group's neighbours are written there too), its look-ups that missed, and the CPU of the
+gateway, the proxy, SeaweedFS and the client.
 
 1. **Pack**: ``nfsgw pack s3://bench/train --to s3://bench/packs/train`` straight against
    SeaweedFS (no added latency): seconds and MB/s, and the time projected for ImageNet's
@@ -52,16 +57,15 @@ from data_prefetch import (
     ProxyProcess,
     cpu_seconds,
     git_state,
+    local_copy,
     log,
-    read_epoch,
-    scan,
+    open_readers,
     upload_tree,
 )
 
 from loadgen.dataset import Manifest
 from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
-from tests.libnfs import LibNfs
 
 OUT = results_dir("packs")
 BUCKET = "bench"
@@ -88,6 +92,7 @@ class Epoch:
     disk_misses: int  # look-ups of the disk tier that found nothing (a thread round trip each)
     disk_writes: int
     gateway_cpu_s_per_1k: float
+    client_cpu_s_per_1k: float
     cpu_share: dict[str, float]  # of the epoch's wall time, per process (1.0 = one core)
     errors: int
 
@@ -96,6 +101,7 @@ class Epoch:
 class Run:
     name: str
     memory: int
+    reader: str
     epochs: list[Epoch] = field(default_factory=list)
 
 
@@ -121,6 +127,7 @@ def run_gateway(
     proxy: ProxyProcess,
     sw: SeaweedServer,
     work: Path,
+    local: Path | None,
 ) -> Run:
     export: dict[str, object] = {
         "path": "/data",
@@ -140,7 +147,7 @@ def run_gateway(
         env=env,
         workers=a.workers,
     )
-    run = Run(name, memory)
+    run = Run(name, memory, a.reader)
     total = manifest.total_bytes
     gw.start()
     try:
@@ -152,10 +159,10 @@ def run_gateway(
                 interval_s=0.1,
                 log_tail=lambda: f"log: {gw.log_path}",
             )
-        clients = [LibNfs(gw.libnfs_url("/data"), timeout_ms=120_000) for _ in range(a.clients)]
+        readers = open_readers(a.reader, gw.libnfs_url("/data"), local, a.clients)
         try:
             m0, p0 = gw.metrics(), proxy.counts()
-            scan(clients[0], manifest)
+            readers.scan(manifest)
             for e in range(epochs):
                 order = list(range(len(manifest.entries)))
                 random.Random(a.seed + e).shuffle(order)
@@ -163,10 +170,10 @@ def run_gateway(
                 if sw.proc is not None:
                     pids["seaweedfs"] = sw.proc.pid
                 cpu0s = {k: cpu_seconds(v) for k, v in pids.items()}
-                client0 = time.process_time()
-                wall, lat, _, errors = read_epoch(clients, manifest, order)
+                r = readers.epoch(manifest, order)
+                wall = r.seconds
                 shares = {k: (cpu_seconds(v) - cpu0s[k]) / wall for k, v in pids.items()}
-                shares["client"] = (time.process_time() - client0) / wall
+                shares["client"] = r.client_cpu_s / wall
                 cpu = shares["gateway"] * wall
                 settle(gw)
                 m, p = gw.metrics(), proxy.counts()
@@ -174,7 +181,7 @@ def run_gateway(
                 def d(key: str, m: dict[str, float] = m, m0: dict[str, float] = m0) -> float:
                     return metric(m, key) - metric(m0, key)
 
-                n = len(lat)
+                n = r.files
                 gets = p.get("GET", 0) - p0.get("GET", 0)
                 ranges = round(d("nfsgw_pack_ranges_total"))
                 object_bytes = d("nfsgw_backend_received_bytes_total")
@@ -205,15 +212,15 @@ def run_gateway(
                     disk_misses=round(d("nfsgw_disk_cache_misses_total")),
                     disk_writes=round(d("nfsgw_disk_cache_writes_total")),
                     gateway_cpu_s_per_1k=round(cpu / n * 1000, 3),
+                    client_cpu_s_per_1k=round(r.client_cpu_s / n * 1000, 3),
                     cpu_share={k: round(v, 2) for k, v in shares.items()},
-                    errors=errors,
+                    errors=r.errors,
                 )
                 m0, p0 = m, p
                 run.epochs.append(ep)
                 log(f"  {name} epoch {ep.epoch}: {asdict(ep)}")
         finally:
-            for c in clients:
-                c.close()
+            readers.close()
     finally:
         gw.stop()
     return run
@@ -222,12 +229,12 @@ def run_gateway(
 def run(a: argparse.Namespace) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     runs: list[Run] = []
-    with tempfile.TemporaryDirectory(prefix="nfsgw-packs-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="nfsgw-packs-") as tmp, local_copy(a.reader) as local:
         work = Path(tmp)
         sw = SeaweedServer().start()
         proxy: ProxyProcess | None = None
         try:
-            manifest = upload_tree(sw, BUCKET, a.files, a.size, work)
+            manifest = upload_tree(sw, BUCKET, a.files, a.size, work, local)
             total = manifest.total_bytes
             packing = pack(sw, work, a.out)
             packing["mb_per_s"] = round(total / packing["seconds"] / 1e6, 1)
@@ -245,7 +252,9 @@ def run(a: argparse.Namespace) -> int:
             ][: 2 if a.skip_2x else 3]
             for name, memory, epochs, packed in plan:
                 log(f"{name}: cache {memory / MiB:.0f} MiB, {epochs} epochs")
-                runs.append(run_gateway(a, name, memory, epochs, packed, manifest, proxy, sw, work))
+                runs.append(
+                    run_gateway(a, name, memory, epochs, packed, manifest, proxy, sw, work, local)
+                )
         finally:
             if proxy is not None:
                 proxy.stop()
@@ -268,6 +277,7 @@ def run(a: argparse.Namespace) -> int:
     result = {
         "args": {k: str(v) for k, v in vars(a).items()},
         "commit": git_state(),
+        "reader": a.reader,
         "dataset": {"files": len(manifest.entries), "bytes": total},
         "runs": [asdict(r) for r in runs],
         "summary": summary,
@@ -285,6 +295,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=4, help="client threads (connections)")
     p.add_argument("--seed", type=int, default=1, help="epoch orders")
     p.add_argument("--workers", type=int, default=1, help="nfsgw serve --workers")
+    p.add_argument(
+        "--reader",
+        choices=["c", "python"],
+        default="c",
+        help="the epochs' client: the C reader (benchmarks/nfsread.c) or tests/libnfs.py from "
+        "Python threads (the method before the C reader)",
+    )
     p.add_argument("--out", type=Path, default=OUT, help="results.json and the logs")
     p.add_argument("--skip-2x", action="store_true", help="leave out the twice-the-cache run")
     return p.parse_args(argv)
