@@ -2,7 +2,8 @@
 an in-process probe of the objects the gateway builds, no network.
 
     PYTHONPATH=. .venv/bin/python benchmarks/gc_scale.py [--dirs 1000] [--files 1281]
-        [--gets 200000] [--memory SIZE] [--disk SIZE] [--top 15] [--json FILE]
+        [--gets 200000] [--reads 50000] [--clients 8] [--no-readdir] [--memory SIZE]
+        [--disk SIZE] [--sample 20] [--top 15] [--json FILE]
 
 Set-up: the whole gateway (``gateway.ops.server.Server`` through ``tests.harness.memory``'s
 ``MemoryGateway``: the same ``build`` as ``nfsgw serve``, data prefetch on, the memory tier and
@@ -12,16 +13,22 @@ an unshared disk tier under a temporary directory in /var/tmp) over a synthetic 
 the store itself adds nothing for the collector to walk). After start-up the probe calls
 ``gcwatch.freeze_long_lived()`` as ``nfsgw serve`` does, then:
 
-1. **listing**: one LOOKUP in every folder (the namespace lists it through its real code path;
-   the prefetcher registers each listing and starts fetching, as in the benchmark);
-2. **prefetch**: waits until the store has answered ``--gets`` GETs in all.
+1. **listing**: ImageFolder's scan, READDIRPLUS of every folder (``--no-readdir``: one LOOKUP
+   per folder instead, and no epoch); the namespace lists each folder through its real code
+   path, and the prefetcher registers each listing and starts fetching, as in the benchmark;
+2. **epoch**: ``--reads`` random files opened and read whole (LOOKUP, ACCESS, READ) by
+   ``--clients`` tasks while the prefetcher runs (through the fast path, as a client's are);
+3. **prefetch**: until the store has answered ``--gets`` GETs in all (no READs).
 
 Reported for each phase: full (generation 2) collections, their total and longest time, and
-the GETs per full collection (``gc.callbacks``); at the end: tracked objects per generation,
-``gc.get_stats()``, the most common tracked types, the references a full collection follows
-(``gc.get_referents`` of every tracked object), the containers with the most referents (what
-made them), and the time of one ``gc.collect()``. Run it under
-``flock /tmp/nfsgw-heavy.lock`` on a shared machine (a minute or two of CPU at the defaults).
+the GETs per full collection (``gc.callbacks``); for the last, young collections per 1,000
+GETs and what generation 1 holds when it is collected (every ``--sample``-th time: what is
+promoted to the old generation, counted towards the next full collection). At the end:
+tracked objects per generation, ``gc.get_stats()``, the most common tracked types, the
+references a full collection follows (``gc.get_referents`` of every tracked object), the
+containers with the most referents (and what holds them), and the time of one
+``gc.collect()``. Run it under ``flock /tmp/nfsgw-heavy.lock`` on a shared machine (a few
+minutes of CPU at the defaults).
 """
 
 from __future__ import annotations
@@ -264,9 +271,9 @@ async def probe(a: argparse.Namespace) -> dict[str, Any]:
                     g0, t0 = store.gets, time.perf_counter()
                     order = [handles[divmod(i, a.files)] for i in picked]
                     await epoch(gw, order, a.clients)
-                    order.clear()
                     took = time.perf_counter() - t0
                     ph: dict[str, Any] = {"s": round(took, 1), "files": len(order)}
+                    order.clear()
                     ph["gets"] = store.gets - g0
                     ph |= watch.take()
                     results["epoch"] = ph
