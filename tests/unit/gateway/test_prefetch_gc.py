@@ -5,7 +5,8 @@ A full collection walks every tracked object not frozen at start-up, and one hap
 ten young collections of the old generation's while objects allocated per GET survive young
 collections. At 717,000 prefetched objects an epoch, a Task per object (its coroutine,
 context, weak reference, shield future and callbacks) made one every ~2,000 GETs. Guarded
-here: Tasks started per prefetched object, and tracked objects left behind per object.
+here: Tasks started per prefetched object, tracked objects left behind per object, and the
+tracked objects the fast path keeps per file (most of what a full collection walks).
 """
 
 from __future__ import annotations
@@ -84,3 +85,26 @@ async def test_prefetched_objects_leave_no_tracked_objects(tmp_path: Path) -> No
         grown = len(gc.get_objects()) - before
         assert prefetcher(gw).stats.objects == 800
         assert grown < 7 * 20, grown
+
+
+async def test_the_fast_path_keeps_two_tracked_objects_per_file(tmp_path: Path) -> None:
+    """A file the fast path answered a LOOKUP for costs its tables a ``Hot`` and its
+    ``Entry`` (the LOOKUP table maps to the child's ``Hot``; a third object per file, up to
+    32,768 files, made every full collection walk ~20,000 more objects in gc_scale.py)."""
+    files = tree(8, 100, size=64)
+    async with gateway(tmp_path, files, cache_data_prefetch=False) as gw:
+        root = await gw.mount(b"/data")
+
+        async def looked_up(c: int) -> None:
+            d = await gw.walk(root, f"c{c}")
+            for i in range(100):
+                await gw.lookup(d, f"img_{i:03d}.jpg".encode())
+
+        await looked_up(0)  # first use
+        gc.collect()
+        before = len(gc.get_objects())
+        for c in range(1, 8):
+            await looked_up(c)
+        gc.collect()
+        grown = len(gc.get_objects()) - before
+        assert grown < 700 * 2 + 7 * 20, grown  # it was 2,176
