@@ -35,7 +35,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import Final
 
 import structlog
 
@@ -67,7 +67,6 @@ _NAMES: Final = {
     fastwire.ACCESS: "NFS3.ACCESS",
     fastwire.READ: "NFS3.READ",
 }
-_V = TypeVar("_V", "Hot", "HotLookup")
 
 
 def load_wire() -> tuple[object, str]:
@@ -104,9 +103,11 @@ class Hot:
         "ctx",
         "entry",
         "export",
+        "fh",
         "gen",
         "key",
         "ns",
+        "parent",
         "until",
         "read",
         "search",
@@ -124,6 +125,11 @@ class Hot:
         self.allowed = 0  # ACCESS bits ``ctx`` has
         self.read = False  # whether ``ctx`` may READ it
         self.search = False  # whether ``ctx`` may LOOKUP in it (a directory)
+        # Filled by a LOOKUP that answered it: the directory and this entry's handle. The
+        # LOOKUP table maps its arguments to this object (no third object per file for the
+        # garbage collector to walk: benchmarks/gc_scale.py).
+        self.parent: Hot | None = None
+        self.fh = b""
 
 
 def _hit(h: Hot) -> None:
@@ -131,17 +137,6 @@ def _hit(h: Hot) -> None:
     its parent (the root, path "", has none)."""
     if h.entry.path:
         h.ns.stats.hits += 1
-
-
-class HotLookup:
-    """A LOOKUP answered: the directory's and the child's entries and the child's handle."""
-
-    __slots__ = ("child", "dir", "fh")
-
-    def __init__(self, d: Hot, child: Hot, fh: bytes) -> None:
-        self.dir = d
-        self.child = child
-        self.fh = fh
 
 
 class Session:
@@ -185,7 +180,7 @@ class FastPath:
         self._r_noent: Callable[[int, bytes], bytes] = w.reply_lookup_noent  # type: ignore[attr-defined]
         self._r_read: Callable[[int, bytes, int, bool], bytes] = w.reply_read_head  # type: ignore[attr-defined]
         self._files: dict[bytes, Hot] = {}
-        self._lookups: dict[bytes, HotLookup] = {}
+        self._lookups: dict[bytes, Hot] = {}  # a LOOKUP's arguments -> the child it answered
         self._contexts: dict[tuple[int, int, int, tuple[int, ...]], CallContext] = {}
         self._epoch = 0
         self.stats = FastStats()
@@ -281,9 +276,9 @@ class FastPath:
     def _lookup(
         self, s: Session, xid: int, cred: bytes, fh: bytes, raw: bytes, key: bytes
     ) -> tuple[list[Buffer], str] | None:
-        lk = self._lookups.get(key)
-        if lk is not None:
-            d, c = lk.dir, lk.child
+        c = self._lookups.get(key)
+        if c is not None and c.parent is not None:
+            d = c.parent
             ns = d.ns
             if (
                 d.gen == ns.generation
@@ -293,12 +288,12 @@ class FastPath:
             ):
                 if not self._may_search(s, cred, d):
                     return None
-                if lk.fh not in self._files:
-                    self._put(self._files, lk.fh, c)
+                if c.fh not in self._files:
+                    self._put(self._files, c.fh, c)
                 _hit(d)
                 ns.stats.lookups += 1
                 ns.stats.hits += 1
-                return [self._r_lookup(xid, lk.fh, c.attr, d.attr)], "ok"
+                return [self._r_lookup(xid, c.fh, c.attr, d.attr)], "ok"
         dh = self._hot(fh)
         if dh is None or dh.entry.kind is not EntryKind.DIR:
             return None
@@ -340,7 +335,8 @@ class FastPath:
         c = self._put(
             self._files, cfh, Hot(export, child, directory.fresh_until, self._attr(export, child))
         )
-        self._put(self._lookups, key, HotLookup(d, c, cfh))
+        c.parent, c.fh = d, cfh
+        self._put(self._lookups, key, c)
         return [self._r_lookup(xid, cfh, c.attr, d.attr)], "ok"
 
     def _may_search(self, s: Session, cred: bytes, d: Hot) -> bool:
@@ -380,7 +376,7 @@ class FastPath:
             entry, until = got[0], got[1].fresh_until
         return self._put(self._files, fh, Hot(export, entry, until, self._attr(export, entry)))
 
-    def _put(self, table: dict[bytes, _V], key: bytes, value: _V) -> _V:
+    def _put(self, table: dict[bytes, Hot], key: bytes, value: Hot) -> Hot:
         if len(table) >= self._max and key not in table:
             del table[next(iter(table))]
         table[key] = value

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -450,9 +451,18 @@ class DataPrefetcher:
             self._inflight_bytes += size
             self._inflight_charge += size + BLOCK_ENTRY_CHARGE_BYTES
             self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
-            t = loop.create_task(
-                self._one(d, r, key, d.cols.etag(r), size, where, tries), name="prefetch"
-            )
+            etag = d.cols.etag(r)
+            if where == "memory":
+                # A done callback, not a Task per object: a Task, its coroutine, context and
+                # shield are ~20 objects per GET that outlive young collections and made a
+                # full collection every ~2,000 GETs (benchmarks/gc_scale.py).
+                fut = self._reader.prefetch(d.store, key, etag, size)
+                if fut is None:
+                    self._release(size)
+                else:
+                    fut.add_done_callback(functools.partial(self._landed, d, r, key, size, tries))
+                continue
+            t = loop.create_task(self._one(d, r, key, etag, size, tries), name="prefetch")
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
@@ -549,48 +559,70 @@ class DataPrefetcher:
         self.stats.waiting_room = 0
         return where
 
-    async def _one(
-        self, d: _Dir, r: int, key: str, etag: str, size: int, where: str, tries: int
-    ) -> None:
+    async def _one(self, d: _Dir, r: int, key: str, etag: str, size: int, tries: int) -> None:
+        """A prefetch into the disk tier (memory had no room: ``warm_object``)."""
         stats = self.stats
         failed = False
         try:
-            if where == "memory":
-                fut = self._reader.prefetch(d.store, key, etag, size)
-                if fut is None:
-                    return
-                await asyncio.shield(fut)
-            else:
-                outcome, _ = await warm_object(self._reader, d.store, key, etag, size)
-                if outcome == "budget":
-                    self._disk_full_until = self._clock.monotonic() + 5.0
-                if outcome != "written":
-                    return
-                stats.disk_objects += 1
+            outcome, _ = await warm_object(self._reader, d.store, key, etag, size)
+            if outcome == "budget":
+                self._disk_full_until = self._clock.monotonic() + 5.0
+            if outcome != "written":
+                return
+            stats.disk_objects += 1
             stats.objects += 1
             stats.bytes += size
         except (PreconditionFailed, VersionChanged, ObjectNotFound):
             stats.changed += 1
         except (BackendError, OSError) as exc:
             failed = True
-            stats.errors += 1
-            if tries + 1 < self._cfg.attempts and self._cfg.max_retries:
-                if len(self._retry) >= self._cfg.max_retries:
-                    self._retry.popleft()
-                due = self._clock.monotonic() + self._cfg.retry_after_s * (tries + 1)
-                self._retry.append((due, d, r, tries + 1))
-                self._wake.set()
-            if stats.errors == 1 or stats.errors % 1000 == 0:
-                log.warning("prefetch_failed", key=key, error=str(exc), errors=stats.errors)
-            if isinstance(exc, BackendUnavailable):
-                self._back_off()
+            self._failed(d, r, key, tries, exc)
         finally:
-            self._inflight -= 1
-            self._inflight_bytes -= size
-            self._inflight_charge -= size + BLOCK_ENTRY_CHARGE_BYTES
-            self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
-            self._freed.set()
+            self._release(size)
         self._adapt(failed)
+
+    def _landed(
+        self, d: _Dir, r: int, key: str, size: int, tries: int, fut: asyncio.Future[object]
+    ) -> None:
+        """A prefetch into memory ended (``_one``'s outcomes, as a done callback)."""
+        self._release(size)
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        failed = False
+        if exc is None:
+            self.stats.objects += 1
+            self.stats.bytes += size
+        elif isinstance(exc, PreconditionFailed | VersionChanged | ObjectNotFound):
+            self.stats.changed += 1
+        elif isinstance(exc, BackendError | OSError):
+            failed = True
+            self._failed(d, r, key, tries, exc)
+        else:
+            return  # not expected; as ``_one`` did, no adaptation
+        self._adapt(failed)
+
+    def _failed(self, d: _Dir, r: int, key: str, tries: int, exc: Exception) -> None:
+        """A prefetch failed: counted, retried later (``attempts`` per pass)."""
+        stats = self.stats
+        stats.errors += 1
+        if tries + 1 < self._cfg.attempts and self._cfg.max_retries:
+            if len(self._retry) >= self._cfg.max_retries:
+                self._retry.popleft()
+            due = self._clock.monotonic() + self._cfg.retry_after_s * (tries + 1)
+            self._retry.append((due, d, r, tries + 1))
+            self._wake.set()
+        if stats.errors == 1 or stats.errors % 1000 == 0:
+            log.warning("prefetch_failed", key=key, error=str(exc), errors=stats.errors)
+        if isinstance(exc, BackendUnavailable):
+            self._back_off()
+
+    def _release(self, size: int) -> None:
+        self._inflight -= 1
+        self._inflight_bytes -= size
+        self._inflight_charge -= size + BLOCK_ENTRY_CHARGE_BYTES
+        self.stats.inflight, self.stats.inflight_bytes = self._inflight, self._inflight_bytes
+        self._freed.set()
 
     def _adapt(self, failed: bool) -> None:
         """AIMD on the backend's retries: halve and pause on new ones, else add one back."""

@@ -501,7 +501,11 @@ class ObjectReader:
             ]
         todo = [i for i, (_, p, _, _) in enumerate(f.blocks) if not p.future.done()]
         mapped = self.cache.mappings + len(todo) <= self.cache.max_mappings
-        found = await asyncio.gather(*(disk.read(f.dkeys[i], mapped) for i in todo))
+        if len(todo) == 1:  # a small object: no gather (a Task and futures per GET that
+            # outlive young collections; benchmarks/gc_scale.py)
+            found = [await disk.read(f.dkeys[todo[0]], mapped)]
+        else:
+            found = await asyncio.gather(*(disk.read(f.dkeys[i], mapped) for i in todo))
         missing: list[tuple[int, int]] = []
         for i, data in zip(todo, found, strict=True):
             bkey, p, lo, hi = f.blocks[i]
