@@ -598,8 +598,9 @@ class DataPrefetcher:
         elif isinstance(exc, BackendError | OSError):
             failed = True
             self._failed(d, r, key, tries, exc)
-        else:
-            return  # not expected; as ``_one`` did, no adaptation
+        else:  # a bug: said, not adapted to
+            log.error("prefetch_failed_unexpectedly", key=key, error=repr(exc))
+            return
         self._adapt(failed)
 
     def _failed(self, d: _Dir, r: int, key: str, tries: int, exc: Exception) -> None:
