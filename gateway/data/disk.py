@@ -92,13 +92,14 @@ it can know the name is not there. Its first user takes ``v2/locks/owner`` (``fl
 life); any other unshared user of the directory (a second gateway pointed at it, a second store
 in one process) is a *guest*: it holds ``v2/locks/guests`` shared and writes a fresh nonce into
 it before it writes anything (``diskfile.presence``). The owner keeps a Bloom filter of the
-names it knows are there (``diskfile.NameFilter``: built by each scan that starts with no
-guest holding the lock, plus every name it writes or finds present; < 1 % false "present"; 1-16
-MiB) and answers a look-up "absent" from it while the nonce it maps (no system call) is the one
-it read before that scan; a changed nonce drops the filter until a scan finds no guest. A false
-"absent" can only cost a second GET of bytes that are on disk, never a wrong byte: a guest
-that came and left between two of the owner's scans, or a cache directory shared across hosts
-(one page cache per host: not supported). A shared tier (several workers) always looks.
+names it knows are there (``diskfile.NameFilter``: built by its first scan, plus every name it
+writes or finds present, and built again by a scan only after a guest came or once it holds
+more names than it was sized for; < 1 % false "present"; 128 KiB-16 MiB) and answers a look-up
+"absent" from it while the nonce it maps (no system call) is the one it read before that scan;
+a changed nonce drops the filter until a scan finds no guest. A false "absent" can only cost a
+second GET of bytes that are on disk, never a wrong byte: a guest that came and left between
+two of the owner's scans, or a cache directory shared across hosts (one page cache per host:
+not supported). A shared tier (several workers) always looks.
 
 Admission and eviction (scan- and shuffle-resistant, like the memory tier)
 ---------------------------------------------------------------------------
@@ -358,7 +359,7 @@ class DiskStore:
         else:  # invariant under the tier's own writes: free space falls as the cache grows
             budget = max(0, int((sc.free + sc.used - min_free) * AUTO_SHARE))
         self = cls(root, budget, min_free, config, stats, ex, shared, clock, pres)
-        self._apply_scan(sc, mark)
+        self._apply_scan(sc, mark, wanted=guests_fd >= 0)
         if self._used > budget:
             await self._shrink()
         self._maint = loop.create_task(self._maintain(), name="disk-cache-maintenance")
@@ -769,11 +770,14 @@ class DiskStore:
         log.info("disk_cache_shrunk", evicted=names, used=self._used, budget=self.budget_bytes)
         self._gauges()
 
-    def _apply_scan(self, sc: files.Scan, mark: bytes) -> None:
-        """Take a scan's accounting and candidates; the owner also its name filter (plus the
-        names written while it ran), unless a guest came since ``mark`` was read."""
+    def _apply_scan(self, sc: files.Scan, mark: bytes, wanted: bool) -> None:
+        """Take a scan's accounting and candidates; when it was ``wanted`` to build the
+        owner's name filter, that too (plus the names written while it ran), unless a guest
+        was there or came since ``mark`` was read (then no filter)."""
         pres = self._presence
-        if sc.names is not None and pres is not None and pres.mark() == mark:
+        if not wanted:
+            pass  # the filter, if any, stays: every name since its scan was added to it
+        elif sc.names is not None and pres is not None and pres.mark() == mark:
             for h in self._scan_writes or ():
                 sc.names.add(h)
             self._names, self._mark = sc.names, mark
@@ -793,18 +797,23 @@ class DiskStore:
         """Scan the directory now (accounting, candidates, the owner's name filter); the
         seconds it took."""
         pres = self._presence
-        owner = pres is not None and pres.owner
+        names = self._names
+        # The owner's filter is built by a scan only when it has none (a guest came) or it
+        # holds more names than it was sized for; otherwise it already has every name on disk
+        # (it adds what it writes), and collecting 1.28M names again would cost the scan's
+        # thread ~1 s of the interpreter's lock every rescan.
+        wanted = pres is not None and pres.owner and (names is None or names.count > names.capacity)
         mark = pres.mark() if pres is not None else b""
-        self._scan_writes = [] if owner else None
+        self._scan_writes = [] if wanted else None
         try:
             sc = await asyncio.get_running_loop().run_in_executor(
                 self._ex,
                 files.scan,
                 self.root,
                 MAX_CANDIDATES,
-                pres.guests_fd if pres is not None and owner else -1,
+                pres.guests_fd if pres is not None and wanted else -1,
             )
-            self._apply_scan(sc, mark)
+            self._apply_scan(sc, mark, wanted)
         finally:
             self._scan_writes = None
         return sc.seconds

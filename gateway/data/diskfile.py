@@ -552,6 +552,11 @@ class NameFilter:
     def nbytes(self) -> int:
         return len(self._bits)
 
+    @property
+    def capacity(self) -> int:
+        """Names it holds at < 1 % false "present" (10 bits each)."""
+        return (self._mask + 1) // 10
+
     def add(self, h: int) -> None:
         m, b = self._mask, self._bits
         x, step = h & 0xFFFFFFFF, (h >> 32) | 1

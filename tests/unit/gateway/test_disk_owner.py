@@ -163,11 +163,15 @@ async def test_names_written_while_a_scan_runs_stay_known(
 ) -> None:
     store, keys = objects(4)
     disk = await open_disk(tmp_path)
+    guest = await open_disk(tmp_path)  # came and went: the owner's next scan rebuilds
+    await guest.close()
+    assert not await disk.contains(dkey(store, keys[0])) and disk.stats.name_filter_bytes > 0
     real_scan = diskfile.scan
     scanning = asyncio.Event()
     loop = asyncio.get_running_loop()
 
     def slow_scan(*a: Any) -> diskfile.Scan:
+        assert a[2] >= 0  # a rebuild: the guests' lock is asked, the names collected
         sc = real_scan(*a)  # it saw nothing yet; the entries are written while it "runs"
         loop.call_soon_threadsafe(scanning.set)
         time.sleep(0.3)
@@ -182,6 +186,31 @@ async def test_names_written_while_a_scan_runs_stay_known(
     assert disk.stats.name_filter_bytes > 0
     await read_each(disk, store, keys)
     assert disk.stats.hits == 4 and store.gets == 4
+    await disk.close()
+
+
+async def test_a_routine_rescan_keeps_the_filter_and_collects_no_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, keys = objects(3)
+    disk = await open_disk(tmp_path)
+    asked: list[int] = []
+    real_scan = diskfile.scan
+
+    def scan(*a: Any) -> diskfile.Scan:
+        asked.append(a[2])
+        return real_scan(*a)
+
+    monkeypatch.setattr(diskfile, "scan", scan)
+    await read_each(disk, store, keys)
+    await disk.drain()
+    await disk.rescan()
+    assert asked == [-1] and disk.stats.name_filter_bytes > 0
+    opened = count_verifies(monkeypatch)
+    await read_each(disk, store, keys)  # what it wrote: found, one open each
+    store.put("new", payload(OBJ, seed=42))
+    await read_each(disk, store, ["new"])  # not there: no open
+    assert len(opened) == 3 and disk.stats.hits == 3 and disk.stats.lookups_skipped == 4
     await disk.close()
 
 
