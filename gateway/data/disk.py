@@ -458,6 +458,7 @@ class DiskStore:
         assert self._presence is not None
         if self._presence.mark() != self._mark:
             self._names = None
+            self.stats.name_filter_bytes = 0
             log.info("disk_cache_not_sole_user", cache_dir=os.path.dirname(self.root))
             return False
         return k.hash64 not in names
