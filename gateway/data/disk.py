@@ -147,6 +147,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -241,6 +242,19 @@ class Claim:
             self.fd = -1
 
 
+async def _start_threads(loop: asyncio.AbstractEventLoop, ex: ThreadPoolExecutor, n: int) -> None:
+    """Start all ``n`` of the executor's threads now (it starts them one per submit while
+    none is idle): the tier's threads are a fixed set from the start, whatever its work's
+    pace later (a sole user's misses may never need them all at once)."""
+    barrier = threading.Barrier(n)
+
+    def meet() -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(10.0)
+
+    await asyncio.gather(*(loop.run_in_executor(ex, meet) for _ in range(n)))
+
+
 _NO_CLAIM: Final = Claim(-1, False)
 _FAILED: Final = -1  # a write that raised (counted and logged)
 
@@ -331,6 +345,7 @@ class DiskStore:
         loop = asyncio.get_running_loop()
         pres: files.Presence | None = None
         try:
+            await _start_threads(loop, ex, config.threads)
             root, fs_size, _ = await loop.run_in_executor(ex, files.prepare, cache_dir)
             if not shared:
                 try:
