@@ -248,11 +248,15 @@ async def _start_threads(loop: asyncio.AbstractEventLoop, ex: ThreadPoolExecutor
     pace later (a sole user's misses may never need them all at once)."""
     barrier = threading.Barrier(n)
 
-    def meet() -> None:
-        with contextlib.suppress(threading.BrokenBarrierError):
+    def meet() -> bool:
+        try:
             barrier.wait(10.0)
+        except threading.BrokenBarrierError:  # they did not all start within 10 s
+            return False
+        return True
 
-    await asyncio.gather(*(loop.run_in_executor(ex, meet) for _ in range(n)))
+    if not all(await asyncio.gather(*(loop.run_in_executor(ex, meet) for _ in range(n)))):
+        log.warning("disk_cache_threads_started_late", threads=n)  # started when work comes
 
 
 _NO_CLAIM: Final = Claim(-1, False)
