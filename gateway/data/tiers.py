@@ -96,6 +96,12 @@ class Tier(Protocol):
         nobody else shares answers ``NO_CLAIM`` at once."""
         ...
 
+    def owns(self, piece: Piece) -> bool:
+        """Whether this gateway is the one that fetches ``piece`` from the origin for all who
+        share the tier (a fleet's rendezvous hashing); True for a tier of one host. The data
+        prefetcher fetches what it owns first and finds the rest in the tier."""
+        ...
+
 
 class Tiers:
     """The configured tiers, nearest first (``build()``); empty when there are none."""
