@@ -4,9 +4,11 @@ Random call streams -- valid GETATTR/LOOKUP/ACCESS/READ calls over good, forged,
 stale handles, several credentials (root, users, AUTH_NONE, malformed AUTH_SYS, an unknown
 flavour), exports with different client lists, squash rules and modes; the same calls
 truncated, with a byte flipped, with bytes added; other procedures -- are given to both paths
-on one gateway, interleaved with mutations (SETATTR, WRITE, REMOVE, CREATE), TTL expiry and a
-configuration reload. Whenever the fast path answers, its reply must be the ordinary path's
-for the same record, to the byte. Run with the Python mechanics and, when built, the C ones.
+on one gateway, interleaved with mutations (SETATTR, WRITE, REMOVE, CREATE, made by the
+files' owner, so they take effect: the test counts them), TTL expiry and a configuration
+reload (which clears the fast path under test: it is the server's). Whenever the fast path
+answers, its reply must be the ordinary path's for the same record, to the byte. Run with the
+Python mechanics and, when built, the C ones.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 import ipaddress
 import os
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +31,8 @@ from gateway.transport import Peer
 from nfsproto import nfs3, rpc
 from nfsproto.nfs3 import CreateHow3, CreateMode3, Diropargs3, Nfs3Proc, NfsStat3, Sattr3
 from nfsproto.rpc import frame
-from nfsproto.xdr import Writer
-from tests.harness.memory import PEER, ROOT, MemoryGateway, cred
+from nfsproto.xdr import Buffer, Writer
+from tests.harness.memory import PEER, ROOT, MemoryClient, MemoryGateway, cred
 
 try:
     from gateway import _fastwire  # type: ignore[attr-defined,unused-ignore]
@@ -58,6 +61,7 @@ CREDS = [
     rpc.OpaqueAuth(6, b"gss"),  # RPCSEC_GSS: not ours
 ]
 SMALL_MAX = 4 << 20
+OWNER = cred(1000, 1000)  # owns /rw's files: its mutations succeed
 
 
 def _files(rng: random.Random) -> dict[str, bytes]:
@@ -70,6 +74,15 @@ def _files(rng: random.Random) -> dict[str, bytes]:
         out[f"{top}/top.txt"] = b"top\n"
     out["ds/big.bin"] = rng.randbytes(SMALL_MAX + 5)  # not a small file: never fast
     return out
+
+
+class Ordinary(MemoryClient):
+    """A client whose calls only the ordinary path answers (the mutations: the fast path
+    under test sees only the stream's calls, so its counters are the stream's)."""
+
+    async def record(self, record: Buffer) -> bytes | None:
+        out = await self.server.dispatcher.handle(record, self.peer)
+        return None if out is None else b"".join(bytes(b) for b in out)
 
 
 class Stream:
@@ -86,6 +99,8 @@ class Stream:
         self.handles: list[bytes] = []
         self.dirs: list[bytes] = []
         self.names: list[bytes] = [b"f0.jpg", b"f5.jpg", b"nope.jpg", b"c1", b"top.txt", b"big.bin"]
+        self.owner = Ordinary(gw.server, OWNER)
+        self.mutations: Counter[tuple[str, str]] = Counter()  # (what, NFS status)
 
     def record(self, proc: int, args: bytes, c: rpc.OpaqueAuth, prog: int = nfs3.PROGRAM) -> bytes:
         self.xid = (self.xid + 1) & 0xFFFFFFFF
@@ -189,40 +204,60 @@ async def _walk(gw: MemoryGateway, s: Stream) -> None:
 
 
 async def _mutate(gw: MemoryGateway, s: Stream) -> None:
-    """One change through the ordinary path, or the clock past the TTL, or a reload."""
+    """One change through the ordinary path by /rw's owner (counted by its status), or one
+    in the bucket behind the gateway's back (new bytes under a /data key), or the clock past
+    the TTL, or a reload of /data's squash rule and file mode."""
     rng = s.rng
+    owner = s.owner
     rw = gw.export("/rw")
     d = rng.randrange(3)
     dh = gw.gateway.handle_for(rw, f"c{d}")
     name = f"f{rng.randrange(8)}.jpg".encode()
-    k = rng.randrange(6)
+    k = rng.randrange(7)
     if k == 0:
-        res = await gw.lookup(dh, name)
+        res = await owner.lookup(dh, name)
         if res.status == NfsStat3.NFS3_OK:
             sattr = Sattr3(mode=rng.choice((0o600, 0o644, 0o711, 0o000)))
-            await gw.nfs(Nfs3Proc.SETATTR, nfs3.Setattr3Args(res.object, sattr))
+            got = await owner.nfs(Nfs3Proc.SETATTR, nfs3.Setattr3Args(res.object, sattr))
+            s.mutations["SETATTR", got.status.name] += 1
     elif k == 1:
-        res = await gw.lookup(dh, name)
+        res = await owner.lookup(dh, name)
         if res.status == NfsStat3.NFS3_OK:
             data = rng.randbytes(rng.choice((5, 5000)))
             w = nfs3.Write3Args(res.object, 0, len(data), nfs3.StableHow.FILE_SYNC, data)
-            await gw.nfs(Nfs3Proc.WRITE, w)
+            got = await owner.nfs(Nfs3Proc.WRITE, w)
+            s.mutations["WRITE", got.status.name] += 1
     elif k == 2:
-        await gw.nfs(Nfs3Proc.REMOVE, nfs3.Remove3Args(Diropargs3(dh, name)))
+        got = await owner.nfs(Nfs3Proc.REMOVE, nfs3.Remove3Args(Diropargs3(dh, name)))
+        s.mutations["REMOVE", got.status.name] += 1
     elif k == 3:
         how = CreateHow3(CreateMode3.UNCHECKED, Sattr3(mode=0o644))
-        await gw.nfs(Nfs3Proc.CREATE, nfs3.Create3Args(Diropargs3(dh, name), how))
+        got = await owner.nfs(Nfs3Proc.CREATE, nfs3.Create3Args(Diropargs3(dh, name), how))
+        s.mutations["CREATE", got.status.name] += 1
+        if got.status == NfsStat3.NFS3_OK and got.obj is not None:
+            s.handles.append(got.obj)  # the stream calls it too
     elif k == 4:
+        key = f"ds/c{rng.randrange(3)}/f{rng.randrange(6)}.jpg"
+        gw.store.seed(key, rng.randbytes(rng.choice((2, 4095, 16385))))
+        s.mutations["bucket", "ok"] += 1
+    elif k == 5:
         gw.clock.advance(rng.choice((1.0, 61.0, 3600.0)))  # type: ignore[attr-defined]
     else:
         cfg = gw.server.config
         exports = tuple(
-            dataclasses.replace(e, squash=rng.choice(("root", "none", "all")))
+            dataclasses.replace(
+                e,
+                squash=rng.choice(("root", "none", "all")),
+                file_mode=rng.choice((0o644, 0o600, 0o640)),
+            )
             if e.path == "/data"
             else e
             for e in cfg.exports
         )
+        epoch = s.fast.session(PEER).epoch
         gw.server.apply(dataclasses.replace(cfg, exports=exports))
+        assert s.fast.session(PEER).epoch != epoch, "the reload did not clear the fast path"
+        s.mutations["reload", "ok"] += 1
 
 
 @pytest.mark.parametrize("wire", WIRES)
@@ -233,15 +268,26 @@ async def test_fast_path_answers_as_the_ordinary_path(tmp_path: Path, wire: Any,
     rng = random.Random(seed)
     async with MemoryGateway.of(tmp_path, EXPORTS, files=_files(rng)) as gw:
         fast = FastPath(gw.gateway, gw.server.metrics.call, wire=wire)
+        # The server's own fast path is the one under test: a reload (``Server.apply``)
+        # clears this one. (No connection is open: none holds the one it replaces.)
         s = Stream(gw, fast, rng)
         await _walk(gw, s)
+        gw.server.fastpath = fast
         for step in range(1500):
-            if step % 50 == 49:
+            if step % 30 == 29:
                 await _mutate(gw, s)
             await s.random_call()
         # A stream that mostly hits must mostly be answered fast, or this compared nothing.
         assert s.answered > s.compared // 5, (s.answered, s.compared)
         assert fast.stats.answered == s.answered
+        # The mutations took effect (the owner made them): none was refused, and some of
+        # them changed the bucket, so the stream compared answers across real changes.
+        refused = {
+            k: n for k, n in s.mutations.items() if k[1] in ("NFS3ERR_ACCES", "NFS3ERR_PERM")
+        }
+        assert not refused, s.mutations
+        changed = sum(n for (what, st), n in s.mutations.items() if st == "NFS3_OK")
+        assert changed >= 5, s.mutations
 
 
 @pytest.mark.parametrize("wire", WIRES)
