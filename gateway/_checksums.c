@@ -13,7 +13,9 @@
  *
  *   - portable: slicing-by-8 tables (8 x 256 entries, built at import), ~1 byte a cycle;
  *     NFSGW_CHECKSUMS_NO_CLMUL=1 forces them, NFSGW_CHECKSUMS_NO_AVX512=1 the 128-bit loop
- *     (the tests run every engine);
+ *     (the tests run every engine); ``engines`` names the ones this CPU can run, best first,
+ *     ``engine`` the one in use, and ``use_engine(name)`` switches to another of them (the
+ *     start-up self-check, ``checksums.self_check``, falls back with it on a mismatch);
  *   - x86-64 with PCLMULQDQ (checked at run time with cpuid): carry-less multiplication
  *     folding, four 16-byte lanes at a time (Intel, "Fast CRC Computation for Generic
  *     Polynomials Using PCLMULQDQ Instruction", 2009), ~7x the tables; with AVX-512 and
@@ -69,6 +71,7 @@ static Crc crc32_ieee = {.name = "crc32", .width = 32, .poly = 0xEDB88320u};
 static Crc crc32_c = {.name = "crc32c", .width = 32, .poly = 0x82F63B78u};
 static Crc crc64_nvme = {.name = "crc64nvme", .width = 64, .poly = 0x9A6C9329AC4BC9B5ull};
 static int use_clmul, use_vclmul;
+static int cpu_clmul, cpu_vclmul; /* what the CPU can run, whatever the environment says */
 
 /* ---------------------------------------------------------------------------- the tables */
 
@@ -325,6 +328,36 @@ py_crc64nvme(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kwargs)
     return crc_call(&crc64_nvme, args, kwargs);
 }
 
+/* use_engine(name): compute with `name` ("vpclmulqdq", "pclmul" or "tables") from now on;
+ * ValueError for one this CPU cannot run. Sets the module's `engine`. */
+static PyObject *
+py_use_engine(PyObject *m, PyObject *arg)
+{
+    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (name == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "use_engine() takes an engine name (str)");
+        return NULL;
+    }
+    int clmul, vclmul;
+    if (strcmp(name, "tables") == 0) {
+        clmul = vclmul = 0;
+    } else if (strcmp(name, "pclmul") == 0 && cpu_clmul) {
+        clmul = 1;
+        vclmul = 0;
+    } else if (strcmp(name, "vpclmulqdq") == 0 && cpu_vclmul) {
+        clmul = vclmul = 1;
+    } else {
+        PyErr_Format(PyExc_ValueError, "engine %R is not one this CPU runs", arg);
+        return NULL;
+    }
+    if (PyObject_SetAttrString(m, "engine", arg) < 0)
+        return NULL;
+    use_clmul = clmul;
+    use_vclmul = vclmul;
+    Py_RETURN_NONE;
+}
+
 #define KWCALL(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
 
 static PyMethodDef module_methods[] = {
@@ -334,6 +367,8 @@ static PyMethodDef module_methods[] = {
      PyDoc_STR("crc32c(data, crc=0): CRC-32C (Castagnoli), continuing from crc.")},
     {"crc64nvme", KWCALL(py_crc64nvme),
      PyDoc_STR("crc64nvme(data, crc=0): CRC-64/NVME, continuing from crc.")},
+    {"use_engine", py_use_engine, METH_O,
+     PyDoc_STR("use_engine(name): compute with this engine (one of `engines`) from now on.")},
     {NULL, NULL, 0, NULL},
 };
 
@@ -366,11 +401,11 @@ PyInit__checksums(void)
 {
 #if HAVE_CLMUL
     __builtin_cpu_init();
-    use_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1") &&
-                getenv("NFSGW_CHECKSUMS_NO_CLMUL") == NULL;
-    use_vclmul = use_clmul && __builtin_cpu_supports("avx512f") &&
-                 __builtin_cpu_supports("vpclmulqdq") &&
-                 getenv("NFSGW_CHECKSUMS_NO_AVX512") == NULL;
+    cpu_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    cpu_vclmul = cpu_clmul && __builtin_cpu_supports("avx512f") &&
+                 __builtin_cpu_supports("vpclmulqdq");
+    use_clmul = cpu_clmul && getenv("NFSGW_CHECKSUMS_NO_CLMUL") == NULL;
+    use_vclmul = use_clmul && cpu_vclmul && getenv("NFSGW_CHECKSUMS_NO_AVX512") == NULL;
 #endif
     setup(&crc32_ieee);
     setup(&crc32_c);
@@ -380,6 +415,14 @@ PyInit__checksums(void)
         return NULL;
     if (PyModule_AddStringConstant(
             m, "engine", use_vclmul ? "vpclmulqdq" : use_clmul ? "pclmul" : "tables") < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *engines = cpu_vclmul  ? Py_BuildValue("(sss)", "vpclmulqdq", "pclmul", "tables")
+                        : cpu_clmul ? Py_BuildValue("(ss)", "pclmul", "tables")
+                                    : Py_BuildValue("(s)", "tables");
+    if (engines == NULL || PyModule_AddObject(m, "engines", engines) < 0) {
+        Py_XDECREF(engines);
         Py_DECREF(m);
         return NULL;
     }

@@ -41,6 +41,7 @@ import structlog
 
 from gateway import fastwire
 from gateway.attrs import fattr
+from gateway.backend import checksums
 from gateway.dispatch import CallContext
 from gateway.errors import GatewayError
 from gateway.exports import Export
@@ -77,10 +78,13 @@ def load_wire() -> tuple[object, str]:
         return c, "native"
     why = fastwire.compiled_error()
     if why is not None and "NFSGW_PURE_PYTHON" not in why:
+        # No C compiler at install: the CRCs are missing too, and this is the one warning.
+        crcs = f"; {checksums.WITHOUT_COMPILED}" if checksums.compiled_missing() else ""
         log.warning(
             "fast_path_pure_python",
             reason=f"the compiled fast path is not available: {why}; the Python twin serves "
-            "the same bytes at a higher CPU cost: reinstall with a C compiler (pip install -e .)",
+            "the same bytes at a higher CPU cost: reinstall with a C compiler (pip install -e .)"
+            + crcs,
         )
     return fastwire, "python"
 

@@ -38,6 +38,7 @@ from typing import Any
 import structlog
 
 from gateway import pmap_client
+from gateway.backend import checksums
 from gateway.backend.base import ObjectStore, RequestObserver, StoreWrapper
 from gateway.clock import Clock, SystemClock
 from gateway.data.prefetch import DataPrefetcher, PrefetchStats
@@ -138,6 +139,7 @@ class Server:
     async def start(self) -> None:
         c = self.config
         role = self.role
+        crc = self._check_crcs()
         parts = await build(
             c,
             clock=self.clock,
@@ -154,6 +156,13 @@ class Server:
         self.warmups = parts.warmups
         self.fastpath = fast = parts.fastpath
         self._exports = parts.exports
+        if (
+            checksums.compiled_missing()
+            and not crc.failed
+            and (fast is None or fast.kind != "python")
+        ):
+            # The fast path's warning says it when its own extension is missing too.
+            log.warning("checksums_pure_python", reason=checksums.WITHOUT_COMPILED)
         self.metrics.add_stats("conn", self.conn_stats)
         self.metrics.add_stats("server", self._server_stats)
         self.metrics.add_stats("drc", self.drc.stats)
@@ -232,11 +241,27 @@ class Server:
             exports=[e.path for e in c.exports],
             cache_memory=gw.reader.cache.budget_bytes,
             fast_path=fast.kind if fast is not None else "off",
+            crc_engine=crc.engine,
             config=str(c.source) if c.source else None,
             not_answering=self._not_answering() or None,
         )
         self.notifier.start_watchdog()
         self._announce = loop.create_task(self._announce_ready(), name="announce-ready")
+
+    @staticmethod
+    def _check_crcs() -> checksums.EngineCheck:
+        """The compiled CRC engine checked against the reference (``checksums.self_check``,
+        ~10 ms once a process); a fallback is said in one warning naming both engines."""
+        crc = checksums.self_check()
+        if crc.failed:
+            log.warning(
+                "checksum_engine_fallback",
+                failed=list(crc.failed),
+                engine=crc.engine,
+                mismatch=crc.mismatch,
+                lost=checksums.WITHOUT_COMPILED if crc.engine == "python" else None,
+            )
+        return crc
 
     async def _announce_ready(self) -> None:
         """``READY=1`` once every pack index is in or was waited for long enough
