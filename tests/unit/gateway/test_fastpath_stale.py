@@ -117,6 +117,10 @@ async def _warm(gw: MemoryGateway, c: TcpClient, name: str) -> tuple[bytes, byte
     """The handles of c0 and c0/``name``, and the file read once by the ordinary path: the
     next GETATTR, LOOKUP and READ of it are the fast path's."""
     root = await c.mount(b"/data")
+    # The connection reassembles records with the same mechanics (C, or nfsproto's).
+    (conn,) = gw.server.connections
+    reader = type(conn._reader)
+    assert (reader.__module__ == "gateway._fastwire") == (_fast(gw).kind == "native"), reader
     dh = await c.walk(root, "c0")
     fh = await c.walk(dh, name)
     r = await c.read(fh)
