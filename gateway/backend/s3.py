@@ -43,6 +43,15 @@ logged and retried like a short body; when the retries run out the GET fails wit
 ``ChecksumMismatch`` (NFS3ERR_IO). A body of part of an object has nothing to be checked
 against and is not. Single-request PUTs carry a CRC32 (``x-amz-checksum-crc32``), so objects
 nfsgw writes are verifiable. Where hashing runs: ``s3verify``.
+
+Bodies bounded by what was asked (issue 37), on both wires, before they are allocated: a
+ranged GET's reply by the range's length, a whole-object GET's by the object's size when the
+caller knows it (``get(..., size=)``: the listing said), else by ``_MAX_UNSIZED_BODY`` (and
+received as it arrives, not preallocated: ``http1``), an error reply's by ``max_error_body``
+(``[s3] max_error_body``), a LIST page's by ``_MAX_LIST_BODY``, the XML replies of writes by
+``_MAX_XML_BODY``. A reply claiming more fails at once with ``BackendError`` naming the claimed
+and the allowed length (an error reply with a retryable status is retried, its body unread);
+a server that ignored ``Range`` for a bigger object than the range is one.
 """
 
 from __future__ import annotations
@@ -76,7 +85,7 @@ from gateway.backend.base import (
 )
 from gateway.backend.config import AddressingStyle, ChecksumPolicy, RetryPolicy
 from gateway.backend.credentials import CredentialCache, resolve_region
-from gateway.backend.http1 import Pool, Reply, Unframed
+from gateway.backend.http1 import BodyTooLarge, Pool, Reply, Unframed
 from gateway.backend.s3verify import BodyCheck, ChecksumMismatch, Parts, _BadChecksum
 from gateway.backend.s3wire import (
     MalformedReply,
@@ -91,7 +100,8 @@ from gateway.backend.s3wire import (
     unquote_etag,
     user_metadata,
 )
-from gateway.backend.s3write import S3Writes
+from gateway.backend.s3write import _MAX_XML_BODY, S3Writes
+from gateway.backend.s3write import read_bounded as _read
 from gateway.backend.sigv4 import (
     EMPTY_SHA256,
     Credentials,
@@ -107,7 +117,10 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 PayloadSigning = Literal["auto", "always", "never"]
 
-_MAX_ERROR_BODY: Final = 1 << 20
+DEFAULT_MAX_ERROR_BODY: Final = 64 << 10  # S3 error documents are well under 1 KiB
+# A GET of no range end whose caller does not know the object's size (pack tooling, index
+# parts): bounded all the same, and grown as it arrives past 16 MiB (http1).
+_MAX_UNSIZED_BODY: Final = 1 << 30
 # A LIST page sent chunked (Amazon S3 does): 1,000 keys of up to 1,024 bytes, URL-encoded,
 # with their ETags, dates and owners stay well under it.
 _MAX_LIST_BODY: Final = 16 << 20
@@ -168,6 +181,7 @@ class S3Store(S3Writes, StoreBase):
         observer: RequestObserver | None = None,
         name: str | None = None,
         lean_http: bool | None = None,
+        max_error_body: int = DEFAULT_MAX_ERROR_BODY,
     ) -> None:
         if not bucket or "/" in bucket:
             raise ValueError(f"bad bucket name {bucket!r}")
@@ -229,6 +243,7 @@ class S3Store(S3Writes, StoreBase):
         if lean_http is None:
             lean_http = os.environ.get(_LEAN_ENV, "1").strip().lower() not in _OFF
         self._lean_http = lean_http
+        self._max_error_body = max_error_body
         self._pool: Pool | None = None  # the lean GET/HEAD wire (http1.py), once set up
 
     @property
@@ -286,7 +301,8 @@ class S3Store(S3Writes, StoreBase):
                     ssl_context=tls,
                     server_hostname=where.hostname,
                     limit=self._max_connections,
-                    max_error_body=_MAX_ERROR_BODY,
+                    max_error_body=self._max_error_body,
+                    max_body=_MAX_UNSIZED_BODY,
                 )
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -328,6 +344,7 @@ class S3Store(S3Writes, StoreBase):
         handle: Callable[[aiohttp.ClientResponse], Awaitable[T]],
         lean: Callable[[Reply], Awaitable[T]] | None = None,
         unframed_body: int = 0,
+        max_body: int | None = None,
         bounded: bool = True,
     ) -> T:
         """Send one logical request with retries. ``handle`` reads the response (status in
@@ -335,7 +352,9 @@ class S3Store(S3Writes, StoreBase):
         and LIST: no request body) the request goes over the lean wire (``http1.Pool``) when
         it is on, and ``lean`` reads its reply: the same checks on the same values, only the
         wire differs. ``unframed_body``: the lean wire takes a 2xx body without a length
-        (chunked) up to that size (LIST), instead of refusing it (``Unframed``).
+        (chunked) up to that size (LIST), instead of refusing it (``Unframed``). ``max_body``:
+        the longest 2xx body the lean wire takes (None: ``_MAX_UNSIZED_BODY``; ``handle``
+        bounds aiohttp's itself, ``_read``); a longer one fails the call (``BackendError``).
         ``bounded=False``: not under the in-flight semaphore (a request made while handling
         another's reply, which holds a place: ``_attributes`` for ``BodyCheck``)."""
         session = await self._setup()
@@ -353,6 +372,7 @@ class S3Store(S3Writes, StoreBase):
         while True:
             attempt += 1
             sent = False
+            last: BaseException
             t0 = time.perf_counter()
             try:
                 async with self._sem if bounded else contextlib.nullcontext():
@@ -373,6 +393,7 @@ class S3Store(S3Writes, StoreBase):
                             timeout_s=max(min(remaining, policy.request_timeout_s), 0.001),
                             connect_timeout_s=policy.connect_timeout_s,
                             unframed_body=unframed_body,
+                            max_body=max_body,
                         )
                         if reply.status not in expect:
                             raise self._error(
@@ -399,8 +420,16 @@ class S3Store(S3Writes, StoreBase):
                             if resp.status not in expect:
                                 raise await self._status_error(op, key, resp)
                             result = await handle(resp)
+            except BodyTooLarge as e:
+                if e.status in _RETRY_STATUS or (e.status >= 500 and e.status != 501):
+                    last = e  # an error page too long to read: retried on its status
+                else:
+                    err = BackendError(f"{op} {self.bucket}/{key}: {e}")
+                    if observer is not None:
+                        observer(op, "error", time.perf_counter() - t0)
+                    raise err from None
             except _Retry as e:
-                last: BaseException = e
+                last = e
                 if e.expired_creds:
                     self._creds.invalidate()
             except (MalformedReply, aiohttp.ClientError, TimeoutError, OSError) as e:
@@ -442,9 +471,9 @@ class S3Store(S3Writes, StoreBase):
         body = b""
         if resp.method != "HEAD":
             clen = resp.content_length
-            if clen is None or clen <= _MAX_ERROR_BODY:
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    body = await resp.read()
+            if clen is None or clen <= self._max_error_body:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, BodyTooLarge):
+                    body = await _read(resp, self._max_error_body)
         return self._error(op, key, resp.status, resp.headers, body)
 
     def _error(
@@ -490,7 +519,7 @@ class S3Store(S3Writes, StoreBase):
         """A page of GetObjectAttributes (``BodyCheck``: a multipart object's part sizes)."""
 
         async def handle(resp: aiohttp.ClientResponse) -> Parts:
-            return parse_object_parts(await resp.read())
+            return parse_object_parts(await _read(resp, _MAX_XML_BODY))
 
         async def lean(reply: Reply) -> Parts:
             return parse_object_parts(reply.body)
@@ -503,6 +532,7 @@ class S3Store(S3Writes, StoreBase):
             headers=headers,
             handle=handle,
             lean=lean,
+            max_body=_MAX_XML_BODY,
             bounded=False,
         )
 
@@ -548,7 +578,7 @@ class S3Store(S3Writes, StoreBase):
             params.append(("start-after", start_after))
 
         async def handle(resp: aiohttp.ClientResponse) -> ListPage | Unchanged:
-            return list_reply(await resp.read(), known)
+            return list_reply(await _read(resp, _MAX_LIST_BODY), known)
 
         async def lean(reply: Reply) -> ListPage | Unchanged:
             return list_reply(reply.body, known)
@@ -562,6 +592,7 @@ class S3Store(S3Writes, StoreBase):
             handle=handle,
             lean=lean,
             unframed_body=_MAX_LIST_BODY,
+            max_body=_MAX_LIST_BODY,
         )
 
     async def head(self, key: str) -> ObjectInfo:
@@ -573,7 +604,29 @@ class S3Store(S3Writes, StoreBase):
 
         return await self._call("head", "HEAD", key, handle=handle, lean=lean)
 
-    async def _get(self, key: str, start: int, end: int | None, if_match: str | None) -> GetResult:
+    async def get(
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        if_match: str | None = None,
+        size: int | None = None,
+    ) -> GetResult:
+        """``ObjectStore.get``; ``size``: the object's size if the caller knows it (its
+        listing), which bounds the reply of a GET without a range end."""
+        if start < 0 or (end is not None and end < 0):
+            raise ValueError(f"bad range [{start}, {end})")
+        return await self._get(key, start, end, if_match, size)
+
+    async def _get(
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        if_match: str | None,
+        size: int | None = None,
+    ) -> GetResult:
         if end is not None and end <= start:
             # An empty range cannot be expressed as an HTTP Range; answer from a HEAD.
             info = await self.head(key)
@@ -588,9 +641,17 @@ class S3Store(S3Writes, StoreBase):
             headers["if-match"] = f'"{if_match}"'
         if self.checksums.stored or self.checksums.python_crcs:
             headers["x-amz-checksum-mode"] = "ENABLED"
+        # The longest body asked for: the range's (a 206), or the whole object's when its size
+        # is known (a 200: no Range, or a server that ignored it).
+        bound: int | None = size
+        if end is not None:
+            bound = max(end - start, size or 0)
 
         async def handle(resp: aiohttp.ClientResponse) -> GetResult:
-            data = await resp.read()
+            try:
+                data = await _read(resp, _MAX_UNSIZED_BODY if bound is None else bound)
+            except BodyTooLarge as e:
+                raise BackendError(f"get {self.bucket}/{key}: {e}") from None
             return await self._get_result(
                 key, start, end, if_match, resp.status, resp.headers, data, resp.content_length
             )
@@ -606,7 +667,14 @@ class S3Store(S3Writes, StoreBase):
             )
 
         return await self._call(
-            "get", "GET", key, headers=headers, expect=_SGET, handle=handle, lean=lean
+            "get",
+            "GET",
+            key,
+            headers=headers,
+            expect=_SGET,
+            handle=handle,
+            lean=lean,
+            max_body=bound,
         )
 
     async def _get_result(

@@ -81,9 +81,7 @@ def configure(
 
 def json_tracebacks() -> structlog.types.Processor:
     """``exc_info`` as structured frames: file, line and function only, never locals."""
-    return structlog.processors.ExceptionRenderer(
-        ExceptionDictTransformer(show_locals=False)
-    )
+    return structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
 
 
 def console_renderer() -> structlog.dev.ConsoleRenderer:

@@ -13,6 +13,7 @@ import pytest
 
 from gateway.backend import http1
 from gateway.backend.http1 import (
+    BodyTooLarge,
     ConnectionClosed,
     HttpError,
     Pool,
@@ -245,8 +246,8 @@ def test_oversized_head() -> None:
 
 
 def test_error_body_is_bounded() -> None:
-    r = ReplyReader(max_unframed_body=10)
-    with pytest.raises(HttpError, match="over 10"):
+    r = ReplyReader(max_error_body=10)
+    with pytest.raises(BodyTooLarge, match="at most 10 allowed"):
         feed(r, b"HTTP/1.1 500 X\r\n\r\n" + b"a" * 11)
 
 
@@ -549,7 +550,7 @@ def test_chunked_2xx_is_read_when_asked_at_every_split() -> None:
 
 def test_chunked_2xx_is_bounded() -> None:
     r = ReplyReader(unframed_ok=True, max_unframed_body=100)
-    with pytest.raises(HttpError, match="over 100"):
+    with pytest.raises(BodyTooLarge, match="at most 100 allowed"):
         feed(r, chunked(b"200 OK", b"a" * 101))
 
 
