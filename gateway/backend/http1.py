@@ -97,16 +97,19 @@ class ConnectionClosed(HttpError):
 class BodyTooLarge(HttpError):
     """A reply whose body is (or, chunked, would become) longer than the caller allows:
     refused before the body is allocated; the connection is aborted. ``status`` is the
-    reply's, ``claimed`` the length its head (or its chunks so far) gave, ``allowed`` the
-    bound."""
+    reply's, ``headers`` its headers (as ``Reply.headers``), ``claimed`` the length its head
+    (or its chunks so far) gave, ``allowed`` the bound."""
 
-    def __init__(self, status: int, claimed: int, allowed: int, what: str = "body") -> None:
+    def __init__(
+        self, status: int, claimed: int, allowed: int, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(
-            f"HTTP {status} reply claims a {claimed}-byte {what}, at most {allowed} allowed"
+            f"HTTP {status} reply claims a {claimed}-byte body, at most {allowed} allowed"
         )
         self.status = status
         self.claimed = claimed
         self.allowed = allowed
+        self.headers = headers or {}
 
 
 class Unframed(HttpError):
@@ -407,7 +410,7 @@ class ReplyReader:
         else:
             allowed = self._max_unsized
         if length > allowed:
-            raise BodyTooLarge(status, length, allowed)
+            raise BodyTooLarge(status, length, allowed, headers)
         if self._max_body is None and length > _PREALLOC_UNSIZED and 200 <= status < 300:
             # No bound known: grown as it arrives, so memory follows the bytes that came.
             self._state = _GROWN
@@ -459,7 +462,8 @@ class ReplyReader:
     def _grow(self, data: memoryview) -> None:
         if len(self.body) + len(data) > self._bpos:
             assert self.reply is not None
-            raise BodyTooLarge(self.reply.status, len(self.body) + len(data), self._bpos)
+            r = self.reply
+            raise BodyTooLarge(r.status, len(self.body) + len(data), self._bpos, r.headers)
         body = self.body
         if body is _EMPTY:
             body = bytearray()
@@ -512,8 +516,9 @@ class ReplyReader:
                 self._chunk_left = int(size, 16)
                 if len(self.body) + self._chunk_left > self._bpos:
                     assert self.reply is not None
+                    r = self.reply
                     raise BodyTooLarge(
-                        self.reply.status, len(self.body) + self._chunk_left, self._bpos
+                        r.status, len(self.body) + self._chunk_left, self._bpos, r.headers
                     )
                 if self._chunk_left:
                     self._cstate = _C_DATA

@@ -421,13 +421,18 @@ class S3Store(S3Writes, StoreBase):
                                 raise await self._status_error(op, key, resp)
                             result = await handle(resp)
             except BodyTooLarge as e:
-                if e.status in _RETRY_STATUS or (e.status >= 500 and e.status != 501):
-                    last = e  # an error page too long to read: retried on its status
+                # Refused unread. An error reply: what its status says (retried or not).
+                mapped = (
+                    BackendError(f"{op} {self.bucket}/{key}: {e}")
+                    if 200 <= e.status < 300
+                    else self._error(op, key, e.status, e.headers, b"", note=str(e))
+                )
+                if isinstance(mapped, _Retry):
+                    last = mapped
                 else:
-                    err = BackendError(f"{op} {self.bucket}/{key}: {e}")
                     if observer is not None:
-                        observer(op, "error", time.perf_counter() - t0)
-                    raise err from None
+                        observer(op, _outcome(mapped), time.perf_counter() - t0)
+                    raise mapped from None
             except _Retry as e:
                 last = e
                 if e.expired_creds:
@@ -469,23 +474,35 @@ class S3Store(S3Writes, StoreBase):
     ) -> BackendError | _Retry:
         """``_error`` of an aiohttp response (its error document read, if small)."""
         body = b""
+        note = ""
         if resp.method != "HEAD":
-            clen = resp.content_length
-            if clen is None or clen <= self._max_error_body:
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError, BodyTooLarge):
-                    body = await _read(resp, self._max_error_body)
-        return self._error(op, key, resp.status, resp.headers, body)
+            try:
+                body = await _read(resp, self._max_error_body)
+            except BodyTooLarge as e:
+                note = str(e)  # not read
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+        return self._error(op, key, resp.status, resp.headers, body, note=note)
 
     def _error(
-        self, op: str, key: str, status: int, headers: Mapping[str, str], body: bytes
+        self,
+        op: str,
+        key: str,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        note: str = "",
     ) -> BackendError | _Retry:
         """The one mapping from an unexpected HTTP status to our errors. ``headers`` are
         looked up by lowercase name (aiohttp's are case-insensitive, the lean wire's
-        lowercase)."""
+        lowercase). ``note``: why the body was not read (too long), said in the message."""
         code, message = parse_error(body)
         what = f"{op} {self.bucket}/{key}: HTTP {status}" + (f" {code}" if code else "")
         if message:
             what += f": {message}"
+        if note:
+            what += f" (error body not read: {note})"
         if code in _EXPIRED_CODES:
             return _Retry(what, expired_creds=True)
         if status in _RETRY_STATUS or code in _RETRY_CODES or (status >= 500 and status != 501):
