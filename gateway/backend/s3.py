@@ -665,8 +665,9 @@ class S3Store(S3Writes, StoreBase):
             bound = max(end - start, size or 0)
 
         async def handle(resp: aiohttp.ClientResponse) -> GetResult:
+            limit = _MAX_UNSIZED_BODY if bound is None else bound
             try:
-                data = await _read(resp, _MAX_UNSIZED_BODY if bound is None else bound)
+                data = await _read(resp, limit if resp.status < 300 else self._max_error_body)
             except BodyTooLarge as e:
                 raise BackendError(f"get {self.bucket}/{key}: {e}") from None
             return await self._get_result(
