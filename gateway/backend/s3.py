@@ -45,7 +45,8 @@ against and is not. Single-request PUTs carry a CRC32 (``x-amz-checksum-crc32``)
 nfsgw writes are verifiable. Where hashing runs: ``s3verify``.
 
 Bodies bounded by what was asked (issue 37), on both wires, before they are allocated: a
-ranged GET's reply by the range's length, a whole-object GET's by the object's size when the
+ranged GET's reply by the range's length (or 1 MiB, ``_RANGE_IGNORED``, or the object's size
+when known: a server may ignore Range), a whole-object GET's by the object's size when the
 caller knows it (``get(..., size=)``: the listing said), else by ``_MAX_UNSIZED_BODY`` (and
 received as it arrives, not preallocated: ``http1``), an error reply's by ``max_error_body``
 (``[s3] max_error_body``), a LIST page's by ``_MAX_LIST_BODY``, the XML replies of writes by
@@ -121,6 +122,9 @@ DEFAULT_MAX_ERROR_BODY: Final = 64 << 10  # S3 error documents are well under 1 
 # A GET of no range end whose caller does not know the object's size (pack tooling, index
 # parts): bounded all the same, and grown as it arrives past 16 MiB (http1).
 _MAX_UNSIZED_BODY: Final = 1 << 30
+# A ranged GET's reply may be this long even when the range is shorter: a server that ignores
+# Range for a small object sends all of it (sliced here); for a bigger one, pass ``size``.
+_RANGE_IGNORED: Final = 1 << 20
 # A LIST page sent chunked (Amazon S3 does): 1,000 keys of up to 1,024 bytes, URL-encoded,
 # with their ETags, dates and owners stay well under it.
 _MAX_LIST_BODY: Final = 16 << 20
@@ -662,7 +666,7 @@ class S3Store(S3Writes, StoreBase):
         # is known (a 200: no Range, or a server that ignored it).
         bound: int | None = size
         if end is not None:
-            bound = max(end - start, size or 0)
+            bound = max(end - start, size or 0, _RANGE_IGNORED)
 
         async def handle(resp: aiohttp.ClientResponse) -> GetResult:
             limit = _MAX_UNSIZED_BODY if bound is None else bound
