@@ -36,18 +36,25 @@ class FakeS3:
         self.port = 0
         self.hostile: dict[str, Hostile] = {}
         self._srv: asyncio.Server | None = None
+        self._conns: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._srv = await asyncio.start_server(self._conn, "127.0.0.1", 0)
         self.port = self._srv.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
+        for t in list(self._conns):  # hostile answers may still be holding theirs
+            t.cancel()
+        await asyncio.gather(*self._conns, return_exceptions=True)
         if self._srv is not None:
             self._srv.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._srv.wait_closed(), 2)
 
     async def _conn(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
         try:
             while True:
                 head = (await r.readuntil(b"\r\n\r\n")).decode("latin-1")
@@ -69,9 +76,10 @@ class FakeS3:
                 out = f"HTTP/1.1 {status}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in rh.items())
                 w.write(out.encode() + b"\r\n" + (b"" if method == "HEAD" else rb))
                 await w.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
+            self._conns.discard(task)
             w.close()
 
     def answer(

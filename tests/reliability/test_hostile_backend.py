@@ -15,6 +15,14 @@ ignores ``Range``, would:
 
 Every case is bounded (a deadline of a few seconds) and stops by itself; between two hostile
 answers the server answers honestly, and the store reads the right bytes.
+
+And a gateway (``tests.harness.fakes3.S3Gateway``: the READ path and the disk tier over the
+store) in front of a store whose GETs of four files are hostile (a 1 GiB claim to the block
+GETs of a large file and to the whole-object GET of a small one, endless headers, a slow body):
+those READs fail (NFS3ERR_IO for the refused claim, at once; JUKEBOX for what timed out, within
+the deadline), the RSS stays within 16 MiB, and other clients' READs of the honest files,
+running meanwhile, get every byte right. (The small file's GET has no size to be bounded by:
+the data layer does not pass ``size=`` yet; its 1 GiB claim costs only the bytes that came.)
 """
 
 from __future__ import annotations
@@ -281,3 +289,99 @@ async def test_an_endless_chunked_error_page_is_bounded() -> None:
             await store.get("k", 0, 1000)
         assert time.monotonic() - t0 < 1.0
         assert rss() - before < RSS_SLACK
+
+
+# ------------------------------------------- a gateway in front of a hostile store
+
+
+async def _claim_1gib(w: asyncio.StreamWriter) -> None:
+    w.write(b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n\r\nfirst bytes" % GiB)
+    await w.drain()
+    await asyncio.sleep(30)
+
+
+async def _claim_1gib_whole(w: asyncio.StreamWriter) -> None:
+    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\nfirst bytes" % GiB)
+    await w.drain()
+    await asyncio.sleep(30)
+
+
+async def _endless_headers(w: asyncio.StreamWriter) -> None:
+    await endless_headers(asyncio.StreamReader(), w, b"")
+
+
+async def _slow_body(w: asyncio.StreamWriter) -> None:
+    await slow_body(asyncio.StreamReader(), w, b"")
+
+
+HONEST = {f"rw/ok/f{i}.bin": bytes([i]) * (20_000 + 1000 * i) for i in range(12)}
+HOSTILE = {
+    "rw/bad/big.bin": (bytes(6 * MiB), _claim_1gib),  # block GETs (ranged): 1 MiB each
+    "rw/bad/small.bin": (bytes(10_000), _claim_1gib_whole),  # one whole-object GET
+    "rw/bad/headers.bin": (bytes(10_000), _endless_headers),
+    "rw/bad/slow.bin": (bytes(10_000), _slow_body),
+}
+
+
+async def test_a_gateway_in_front_of_a_hostile_store_serves_the_honest_files(
+    tmp_path: Path,
+) -> None:
+    """The READ path (``gateway.data.reader``, the disk tier on) over ``S3Store`` to a store
+    whose GETs of some files are hostile: those READs fail (NFS3ERR_IO or JUKEBOX) within the
+    store's deadline, the gateway's RSS stays within 16 MiB, and READs of the other files,
+    running at the same time from other clients, return every byte right."""
+    from gateway.exports import ExportConfig
+    from nfsproto.nfs3 import NfsStat3
+    from tests.harness.fakes3 import FakeS3, S3Gateway
+
+    s3 = FakeS3("bucket", {**HONEST, **{k: v[0] for k, v in HOSTILE.items()}})
+    s3.hostile = {k: v[1] for k, v in HOSTILE.items()}
+    await s3.start()
+    gw = S3Gateway.of(
+        tmp_path,
+        [ExportConfig("/rw", "s3://bucket/rw/", squash="none")],
+        server_cache_dir=tmp_path / "cache",
+        cache_disk=64 * MiB,
+    )
+    gw.s3 = s3
+    gw.retry = RETRY
+    try:
+        async with gw:
+            root = await gw.mount(b"/rw")
+            fhs = {k: await gw.walk(root, k.removeprefix("rw/")) for k in [*HONEST, *HOSTILE]}
+            first = "rw/ok/f0.bin"
+            assert bytes((await gw.read(fhs[first])).data) == HONEST[first]
+            gc.collect()
+            before = rss()
+
+            async def honest_reads(n: int) -> None:
+                c = gw.client()
+                for i in range(n):
+                    key = f"rw/ok/f{1 + i % 11}.bin"
+                    res = await c.read(fhs[key])
+                    assert res.status == NfsStat3.NFS3_OK and bytes(res.data) == HONEST[key]
+                    await asyncio.sleep(0.05)
+
+            async def hostile_read(key: str) -> tuple[str, NfsStat3, float]:
+                c = gw.client()
+                t0 = time.monotonic()
+                res = await c.read(fhs[key], 2 * MiB if "big" in key else 0, 64 * 1024)
+                return key, res.status, time.monotonic() - t0
+
+            got = await asyncio.gather(honest_reads(40), *(hostile_read(k) for k in HOSTILE))
+            grown = rss() - before
+            outcomes = {k: (s, took) for k, s, took in got[1:]}
+            for key, (status, took) in outcomes.items():
+                assert status in (NfsStat3.NFS3ERR_IO, NfsStat3.NFS3ERR_JUKEBOX), (key, status)
+                assert took < RETRY.deadline_s + 2.0, (key, took)
+            # the ranged block GET is refused at the head: at once, and for good (IO)
+            assert outcomes["rw/bad/big.bin"][0] == NfsStat3.NFS3ERR_IO
+            assert outcomes["rw/bad/big.bin"][1] < 1.0
+            assert grown < RSS_SLACK, f"RSS grew by {grown / MiB:.1f} MiB"
+            print(
+                "hostile READs:",
+                {k: (s.name, round(t, 2)) for k, (s, t) in outcomes.items()},
+                f"RSS {grown / MiB:+.1f} MiB",
+            )
+    finally:
+        await s3.close()
