@@ -130,6 +130,7 @@ def _from_config(s3: S3Config) -> dict[str, Any]:
         "anonymous": s3.anonymous or None,
         "lean_http": s3.lean_http and None,  # true: NFSGW_S3_LEAN_HTTP decides (default on)
         "max_connections": s3.max_connections,
+        "max_error_body": s3.max_error_body,
         "retry": s3.retry,
         "checksums": s3.checksums,
     }
@@ -212,4 +213,6 @@ def open_store(
     }
     if given.get("max_connections") is not None:
         kw["max_connections"] = given["max_connections"]
+    if given.get("max_error_body") is not None:
+        kw["max_error_body"] = given["max_error_body"]
     return S3Store(u.location, **kw)

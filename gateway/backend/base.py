@@ -149,9 +149,12 @@ class ObjectStore(Protocol):
         end: int | None = None,
         *,
         if_match: str | None = None,
+        size: int | None = None,
     ) -> GetResult:
         """Bytes [start, end) of the object (end None = to the end). ``if_match`` pins the
-        version: a changed object raises PreconditionFailed."""
+        version: a changed object raises PreconditionFailed. ``size``: the object's size
+        when the caller knows it (its listing): a hint that bounds the reply of a GET
+        without a range end (``S3Store``: a longer body is refused before it is received)."""
         ...
 
     async def put(
@@ -199,8 +202,15 @@ class StoreBase(ABC):
         return await self._list_page(prefix, delimiter, token, start_after, max_keys)
 
     async def get(
-        self, key: str, start: int = 0, end: int | None = None, *, if_match: str | None = None
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        if_match: str | None = None,
+        size: int | None = None,
     ) -> GetResult:
+        # ``size`` is a hint only S3Store (which overrides this) uses.
         if start < 0 or (end is not None and end < 0):
             raise ValueError(f"bad range [{start}, {end})")
         return await self._get(key, start, end, if_match)

@@ -143,5 +143,15 @@ class S3Config:
             "over aiohttp, as NFSGW_S3_LEAN_HTTP=0 does",
         ),
     )
+    max_error_body: int = field(
+        default=64 << 10,
+        metadata=setting(
+            int_in(1024, 64 << 20),
+            "longest error reply body (bytes) read from the store; a reply claiming more fails "
+            "at once, before it is received",
+        ),
+    )
+    """Every other body is bounded by what was asked (a range, the object's size, a LIST
+    page): ``gateway.backend.s3``."""
     retry: RetryPolicy = field(default_factory=RetryPolicy, metadata=INLINE)
     checksums: ChecksumPolicy = field(default_factory=ChecksumPolicy, metadata=INLINE)

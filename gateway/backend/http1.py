@@ -36,6 +36,18 @@ is reused only after its reply was read to the end, and only if the reply allows
 (``Connection: close``, HTTP/1.0 without keep-alive, close-delimited bodies, bytes after the
 reply: closed). A connection that failed, timed out or whose request was cancelled is
 aborted, never pooled.
+
+Bounds (issue 37: a 60-byte head claiming 1 GiB made a worker take ~1 GiB of RSS before any
+body byte came). Every body is bounded before a byte of it is allocated: a 2xx body by
+``max_body`` (what the caller asked for: a range's length, the object's size from its
+listing, a pack group's size), a non-2xx one by ``max_error_body``; a head claiming more (or
+a chunk that would take a body past it) raises ``BodyTooLarge``, naming the claimed and the
+allowed length, and the connection is aborted. A caller that knows no bound (``max_body``
+None) still gets one (``Pool.max_body``), and such a body is preallocated only up to
+``_PREALLOC_UNSIZED``, received beyond that as it arrives (so memory follows the bytes that
+came, not the bytes claimed). The head is bounded by ``max_header_bytes`` and
+``max_header_lines`` ("endless headers"), the whole exchange (connect, head and body) by the
+request's deadline (``timeout_s``: a body that trickles in fails at it, ``TimeoutError``).
 """
 
 from __future__ import annotations
@@ -54,6 +66,9 @@ _HEAD_CHUNK: Final = 4096  # first read; grown by doubling up to max_header_byte
 _SCRATCH: Final = 16384  # read size for chunked and close-delimited (error) bodies
 _DISCARD: Final = memoryview(bytearray(_SCRATCH))  # read into when no reply is expected
 _MAX_LINE: Final = 4096  # a chunk-size or trailer line
+_MAX_LENGTH_DIGITS: Final = 19  # a Content-Length past 10**19 is no length (and int() limits)
+_PREALLOC_UNSIZED: Final = 16 << 20  # a body of no known bound: preallocated up to this
+DEFAULT_MAX_HEADER_LINES: Final = 256
 
 # ReplyReader states
 _HEAD: Final = 0
@@ -61,6 +76,7 @@ _BODY: Final = 1  # Content-Length bytes into self._fill
 _CHUNKED: Final = 2
 _UNTIL_CLOSE: Final = 3
 _DONE: Final = 4
+_GROWN: Final = 5  # Content-Length bytes of no known bound, grown as they arrive
 
 # chunked sub-states
 _C_SIZE: Final = 0
@@ -76,6 +92,24 @@ class HttpError(ConnectionError):
 
 class ConnectionClosed(HttpError):
     """The server closed the connection before the reply was complete."""
+
+
+class BodyTooLarge(HttpError):
+    """A reply whose body is (or, chunked, would become) longer than the caller allows:
+    refused before the body is allocated; the connection is aborted. ``status`` is the
+    reply's, ``headers`` its headers (as ``Reply.headers``), ``claimed`` the length its head
+    (or its chunks so far) gave, ``allowed`` the bound."""
+
+    def __init__(
+        self, status: int, claimed: int, allowed: int, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(
+            f"HTTP {status} reply claims a {claimed}-byte body, at most {allowed} allowed"
+        )
+        self.status = status
+        self.claimed = claimed
+        self.allowed = allowed
+        self.headers = headers or {}
 
 
 class Unframed(HttpError):
@@ -128,12 +162,15 @@ def body_buffer(n: int) -> tuple[memoryview, Callable[[], bytes]]:
 
 
 def parse_head(
-    text: str,
+    text: str, max_lines: int = DEFAULT_MAX_HEADER_LINES
 ) -> tuple[str, int, str, dict[str, str]]:
     """(version, status, reason, headers) of a reply head without its final CRLF CRLF.
     Raises ``HttpError`` for anything RFC 9112 does not allow a server to send (bare LF or
-    CR, obsolete line folding, whitespace before a colon, a bad status line)."""
+    CR, obsolete line folding, whitespace before a colon, a bad status line) and for more
+    than ``max_lines`` header lines."""
     lines = text.split("\r\n")
+    if len(lines) - 1 > max_lines:
+        raise HttpError(f"reply head of {len(lines) - 1} header lines, at most {max_lines}")
     if text.count("\n") != len(lines) - 1 or "\r" in text.replace("\r\n", ""):
         raise HttpError("bare CR or LF in a reply head")
     version, _, rest = lines[0].partition(" ")
@@ -162,7 +199,7 @@ def _content_length(value: str) -> int:
         if len(values) != 1:
             raise HttpError(f"conflicting Content-Length {value[:100]!r}")
         first = values.pop()
-    if not first.isdigit() or not first.isascii():
+    if not first.isdigit() or not first.isascii() or len(first) > _MAX_LENGTH_DIGITS:
         raise HttpError(f"bad Content-Length {value[:100]!r}")
     return int(first)
 
@@ -174,8 +211,11 @@ class ReplyReader:
     Errors raise ``HttpError``.
 
     ``head_request``: the request was HEAD (no body whatever the headers say).
-    ``max_header_bytes`` bounds the status line and headers; ``max_unframed_body`` a chunked
-    or close-delimited body: an error's, or (``unframed_ok``) a 2xx one's."""
+    ``max_header_bytes`` and ``max_header_lines`` bound the status line and headers;
+    ``max_body`` a 2xx body (None: no bound known, then at most ``max_unsized_body``, and
+    preallocated only up to ``_PREALLOC_UNSIZED``); ``max_error_body`` a non-2xx one;
+    ``max_unframed_body`` a chunked or close-delimited 2xx body when ``unframed_ok``. Past
+    them: ``BodyTooLarge``, before the body is allocated."""
 
     __slots__ = (
         "_bpos",
@@ -186,7 +226,11 @@ class ReplyReader:
         "_hlen",
         "_line",
         "_max_body",
+        "_max_error",
         "_max_head",
+        "_max_lines",
+        "_max_unframed",
+        "_max_unsized",
         "_scratch",
         "_seal",
         "_state",
@@ -203,13 +247,21 @@ class ReplyReader:
         head_request: bool = False,
         *,
         max_header_bytes: int = 64 * 1024,
+        max_header_lines: int = DEFAULT_MAX_HEADER_LINES,
+        max_body: int | None = None,
+        max_error_body: int = 64 * 1024,
         max_unframed_body: int = 1 << 20,
+        max_unsized_body: int = 1 << 30,
         unframed_ok: bool = False,
     ) -> None:
         self.head_request = head_request
         self._unframed_ok = unframed_ok
         self._max_head = max_header_bytes
-        self._max_body = max_unframed_body
+        self._max_lines = max_header_lines
+        self._max_body = max_body
+        self._max_error = max_error_body
+        self._max_unframed = max_unframed_body
+        self._max_unsized = max_unsized_body
         self._head = bytearray(_HEAD_CHUNK)
         self._hlen = 0
         self._state = _HEAD
@@ -275,6 +327,8 @@ class ReplyReader:
             self.extra += n
             return True
         assert self._scratch is not None
+        if state == _GROWN:
+            return self._grown(memoryview(self._scratch)[:n])
         return self._more(memoryview(self._scratch)[:n])
 
     def eof(self) -> bool:
@@ -290,6 +344,10 @@ class ReplyReader:
             raise ConnectionClosed(
                 f"connection closed after {self._bpos} of {len(self._fill)} body bytes"
             )
+        if self._state == _GROWN:
+            raise ConnectionClosed(
+                f"connection closed after {len(self.body)} of {self._bpos} body bytes"
+            )
         if self._state == _HEAD and self._hlen == 0:
             raise ConnectionClosed("connection closed before a reply")
         raise ConnectionClosed("connection closed inside a reply")
@@ -301,7 +359,7 @@ class ReplyReader:
         head = self._head
         if end > self._max_head:
             raise HttpError(f"reply head over {self._max_head} bytes")
-        version, status, reason, headers = parse_head(head[:end].decode("latin-1"))
+        version, status, reason, headers = parse_head(head[:end].decode("latin-1"), self._max_lines)
         rest = memoryview(head)[end + 4 : self._hlen]
         if 100 <= status < 200:
             if status == 101:
@@ -328,6 +386,7 @@ class ReplyReader:
             else:
                 self.keep_alive = False  # rare (error documents); closing is the simple end
             self._state = _CHUNKED
+            self._bpos = self._unframed_bound(status)
             return self._more(rest) if len(rest) else False
         elif (cl := headers.get("content-length")) is not None:
             length = _content_length(cl)
@@ -336,12 +395,29 @@ class ReplyReader:
                 raise Unframed(f"HTTP {status} without Content-Length")
             self.keep_alive = False
             self._state = _UNTIL_CLOSE
+            self._bpos = self._unframed_bound(status)
             return self._more(rest) if len(rest) else False
         have = len(rest)
         if length == 0:
             self._state = _DONE
             self.extra = have
             return True
+        # Bounded before anything is allocated for it.
+        if not 200 <= status < 300:
+            allowed = self._max_error
+        elif self._max_body is not None:
+            allowed = self._max_body
+        else:
+            allowed = self._max_unsized
+        if length > allowed:
+            raise BodyTooLarge(status, length, allowed, headers)
+        if self._max_body is None and length > _PREALLOC_UNSIZED and 200 <= status < 300:
+            # No bound known: grown as it arrives, so memory follows the bytes that came.
+            self._state = _GROWN
+            self._bpos = length  # the length to reach
+            take = min(have, length)
+            self.extra = have - take
+            return self._grown(rest[:take]) if take else False
         fill, self._seal = body_buffer(length)
         take = min(have, length)
         fill[:take] = rest[:take]
@@ -361,9 +437,33 @@ class ReplyReader:
         self.body = self.reply.body = self._seal()
         self._state = _DONE
 
+    def _unframed_bound(self, status: int) -> int:
+        """The bound of a chunked or close-delimited body of a reply with ``status``."""
+        return self._max_unframed if 200 <= status < 300 else self._max_error
+
+    def _grown(self, data: memoryview) -> bool:
+        """Bytes of a Content-Length body of no known bound (``_GROWN``): appended; True once
+        all ``_bpos`` arrived (then sealed as ``bytes``)."""
+        body = self.body
+        if body is _EMPTY:
+            body = bytearray()
+            self.body = body
+        left = self._bpos - len(body)
+        cast(bytearray, body).extend(data[:left])
+        if len(data) > left:
+            self.extra += len(data) - left
+        if len(body) < self._bpos:
+            return False
+        assert self.reply is not None
+        self.body = self.reply.body = bytes(body)
+        self._state = _DONE
+        return True
+
     def _grow(self, data: memoryview) -> None:
-        if len(self.body) + len(data) > self._max_body:
-            raise HttpError(f"unframed body over {self._max_body} bytes")
+        if len(self.body) + len(data) > self._bpos:
+            assert self.reply is not None
+            r = self.reply
+            raise BodyTooLarge(r.status, len(self.body) + len(data), self._bpos, r.headers)
         body = self.body
         if body is _EMPTY:
             body = bytearray()
@@ -411,7 +511,15 @@ class ReplyReader:
                 size = line.partition(b";")[0].strip(b" \t")
                 if not size or size.strip(b"0123456789abcdefABCDEF"):
                     raise HttpError(f"bad chunk size {line[:40]!r}")
+                if len(size) > 16:
+                    raise HttpError(f"bad chunk size {line[:40]!r}")
                 self._chunk_left = int(size, 16)
+                if len(self.body) + self._chunk_left > self._bpos:
+                    assert self.reply is not None
+                    r = self.reply
+                    raise BodyTooLarge(
+                        r.status, len(self.body) + self._chunk_left, self._bpos, r.headers
+                    )
                 if self._chunk_left:
                     self._cstate = _C_DATA
                 else:
@@ -551,7 +659,9 @@ class Pool:
     """Keep-alive connections to one endpoint (``host``, ``port``, TLS with ``ssl_context``
     or plain). At most ``limit`` connections open; idle ones are reused newest first and
     closed after ``idle_s``. ``request`` is safe to cancel: the connection of a request
-    that did not complete is aborted."""
+    that did not complete is aborted. Bounds of a reply (``ReplyReader``): its head
+    (``max_header_bytes``, ``max_header_lines``), a non-2xx body (``max_error_body``), a 2xx
+    body the request gives no bound for (``max_body``)."""
 
     host: str
     port: int
@@ -561,7 +671,9 @@ class Pool:
     limit: int = 64
     idle_s: float = 15.0
     max_header_bytes: int = 64 * 1024
-    max_error_body: int = 1 << 20
+    max_header_lines: int = DEFAULT_MAX_HEADER_LINES
+    max_error_body: int = 64 * 1024
+    max_body: int = 1 << 30
     _idle: collections.deque[tuple[_Conn, float]] = field(
         init=False, default_factory=collections.deque
     )
@@ -586,12 +698,15 @@ class Pool:
         timeout_s: float,
         connect_timeout_s: float,
         unframed_body: int = 0,
+        max_body: int | None = None,
     ) -> Reply:
         """Send ``request`` (a whole HTTP/1.1 request without a body) and read its reply.
-        ``timeout_s`` bounds everything (connect included), ``connect_timeout_s`` the
-        connect. ``unframed_body`` > 0 takes a 2xx body without a Content-Length (chunked or
-        up to the close) of at most that many bytes. Raises ``HttpError``
-        (``ConnectionClosed``, ``Unframed``), ``OSError``, ``TimeoutError``."""
+        ``timeout_s`` bounds everything (connect, head and body: a body that trickles in
+        fails at it), ``connect_timeout_s`` the connect. ``unframed_body`` > 0 takes a 2xx
+        body without a Content-Length (chunked or up to the close) of at most that many
+        bytes. ``max_body``: the longest 2xx body the caller asked for (None: not known,
+        ``self.max_body``). Raises ``HttpError`` (``ConnectionClosed``, ``Unframed``,
+        ``BodyTooLarge``), ``OSError``, ``TimeoutError``."""
         if self._closed:
             raise ConnectionClosed("pool closed")
         loop = asyncio.get_running_loop()
@@ -606,7 +721,11 @@ class Pool:
             reader = ReplyReader(
                 head,
                 max_header_bytes=self.max_header_bytes,
-                max_unframed_body=max(unframed_body, self.max_error_body),
+                max_header_lines=self.max_header_lines,
+                max_body=max_body,
+                max_error_body=self.max_error_body,
+                max_unframed_body=unframed_body,
+                max_unsized_body=self.max_body,
                 unframed_ok=unframed_body > 0,
             )
             await conn.exchange(request, reader, deadline)

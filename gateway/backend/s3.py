@@ -43,6 +43,16 @@ logged and retried like a short body; when the retries run out the GET fails wit
 ``ChecksumMismatch`` (NFS3ERR_IO). A body of part of an object has nothing to be checked
 against and is not. Single-request PUTs carry a CRC32 (``x-amz-checksum-crc32``), so objects
 nfsgw writes are verifiable. Where hashing runs: ``s3verify``.
+
+Bodies bounded by what was asked (issue 37), on both wires, before they are allocated: a
+ranged GET's reply by the range's length (or 1 MiB, ``_RANGE_IGNORED``, or the object's size
+when known: a server may ignore Range), a whole-object GET's by the object's size when the
+caller knows it (``get(..., size=)``: the listing said), else by ``_MAX_UNSIZED_BODY`` (and
+received as it arrives, not preallocated: ``http1``), an error reply's by ``max_error_body``
+(``[s3] max_error_body``), a LIST page's by ``_MAX_LIST_BODY``, the XML replies of writes by
+``_MAX_XML_BODY``. A reply claiming more fails at once with ``BackendError`` naming the claimed
+and the allowed length (an error reply with a retryable status is retried, its body unread);
+a server that ignored ``Range`` for a bigger object than the range is one.
 """
 
 from __future__ import annotations
@@ -76,7 +86,7 @@ from gateway.backend.base import (
 )
 from gateway.backend.config import AddressingStyle, ChecksumPolicy, RetryPolicy
 from gateway.backend.credentials import CredentialCache, resolve_region
-from gateway.backend.http1 import Pool, Reply, Unframed
+from gateway.backend.http1 import BodyTooLarge, Pool, Reply, Unframed
 from gateway.backend.s3verify import BodyCheck, ChecksumMismatch, Parts, _BadChecksum
 from gateway.backend.s3wire import (
     MalformedReply,
@@ -91,7 +101,8 @@ from gateway.backend.s3wire import (
     unquote_etag,
     user_metadata,
 )
-from gateway.backend.s3write import S3Writes
+from gateway.backend.s3write import _MAX_XML_BODY, S3Writes
+from gateway.backend.s3write import read_bounded as _read
 from gateway.backend.sigv4 import (
     EMPTY_SHA256,
     Credentials,
@@ -107,7 +118,13 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 PayloadSigning = Literal["auto", "always", "never"]
 
-_MAX_ERROR_BODY: Final = 1 << 20
+DEFAULT_MAX_ERROR_BODY: Final = 64 << 10  # S3 error documents are well under 1 KiB
+# A GET of no range end whose caller does not know the object's size (pack tooling, index
+# parts): bounded all the same, and grown as it arrives past 16 MiB (http1).
+_MAX_UNSIZED_BODY: Final = 1 << 30
+# A ranged GET's reply may be this long even when the range is shorter: a server that ignores
+# Range for a small object sends all of it (sliced here); for a bigger one, pass ``size``.
+_RANGE_IGNORED: Final = 1 << 20
 # A LIST page sent chunked (Amazon S3 does): 1,000 keys of up to 1,024 bytes, URL-encoded,
 # with their ETags, dates and owners stay well under it.
 _MAX_LIST_BODY: Final = 16 << 20
@@ -168,6 +185,7 @@ class S3Store(S3Writes, StoreBase):
         observer: RequestObserver | None = None,
         name: str | None = None,
         lean_http: bool | None = None,
+        max_error_body: int = DEFAULT_MAX_ERROR_BODY,
     ) -> None:
         if not bucket or "/" in bucket:
             raise ValueError(f"bad bucket name {bucket!r}")
@@ -229,6 +247,7 @@ class S3Store(S3Writes, StoreBase):
         if lean_http is None:
             lean_http = os.environ.get(_LEAN_ENV, "1").strip().lower() not in _OFF
         self._lean_http = lean_http
+        self._max_error_body = max_error_body
         self._pool: Pool | None = None  # the lean GET/HEAD wire (http1.py), once set up
 
     @property
@@ -286,7 +305,8 @@ class S3Store(S3Writes, StoreBase):
                     ssl_context=tls,
                     server_hostname=where.hostname,
                     limit=self._max_connections,
-                    max_error_body=_MAX_ERROR_BODY,
+                    max_error_body=self._max_error_body,
+                    max_body=_MAX_UNSIZED_BODY,
                 )
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -328,6 +348,7 @@ class S3Store(S3Writes, StoreBase):
         handle: Callable[[aiohttp.ClientResponse], Awaitable[T]],
         lean: Callable[[Reply], Awaitable[T]] | None = None,
         unframed_body: int = 0,
+        max_body: int | None = None,
         bounded: bool = True,
     ) -> T:
         """Send one logical request with retries. ``handle`` reads the response (status in
@@ -335,7 +356,9 @@ class S3Store(S3Writes, StoreBase):
         and LIST: no request body) the request goes over the lean wire (``http1.Pool``) when
         it is on, and ``lean`` reads its reply: the same checks on the same values, only the
         wire differs. ``unframed_body``: the lean wire takes a 2xx body without a length
-        (chunked) up to that size (LIST), instead of refusing it (``Unframed``).
+        (chunked) up to that size (LIST), instead of refusing it (``Unframed``). ``max_body``:
+        the longest 2xx body the lean wire takes (None: ``_MAX_UNSIZED_BODY``; ``handle``
+        bounds aiohttp's itself, ``_read``); a longer one fails the call (``BackendError``).
         ``bounded=False``: not under the in-flight semaphore (a request made while handling
         another's reply, which holds a place: ``_attributes`` for ``BodyCheck``)."""
         session = await self._setup()
@@ -353,6 +376,7 @@ class S3Store(S3Writes, StoreBase):
         while True:
             attempt += 1
             sent = False
+            last: BaseException
             t0 = time.perf_counter()
             try:
                 async with self._sem if bounded else contextlib.nullcontext():
@@ -373,6 +397,7 @@ class S3Store(S3Writes, StoreBase):
                             timeout_s=max(min(remaining, policy.request_timeout_s), 0.001),
                             connect_timeout_s=policy.connect_timeout_s,
                             unframed_body=unframed_body,
+                            max_body=max_body,
                         )
                         if reply.status not in expect:
                             raise self._error(
@@ -399,8 +424,21 @@ class S3Store(S3Writes, StoreBase):
                             if resp.status not in expect:
                                 raise await self._status_error(op, key, resp)
                             result = await handle(resp)
+            except BodyTooLarge as e:
+                # Refused unread. An error reply: what its status says (retried or not).
+                mapped = (
+                    BackendError(f"{op} {self.bucket}/{key}: {e}")
+                    if 200 <= e.status < 300
+                    else self._error(op, key, e.status, e.headers, b"", note=str(e))
+                )
+                if isinstance(mapped, _Retry):
+                    last = mapped
+                else:
+                    if observer is not None:
+                        observer(op, _outcome(mapped), time.perf_counter() - t0)
+                    raise mapped from None
             except _Retry as e:
-                last: BaseException = e
+                last = e
                 if e.expired_creds:
                     self._creds.invalidate()
             except (MalformedReply, aiohttp.ClientError, TimeoutError, OSError) as e:
@@ -440,23 +478,35 @@ class S3Store(S3Writes, StoreBase):
     ) -> BackendError | _Retry:
         """``_error`` of an aiohttp response (its error document read, if small)."""
         body = b""
+        note = ""
         if resp.method != "HEAD":
-            clen = resp.content_length
-            if clen is None or clen <= _MAX_ERROR_BODY:
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    body = await resp.read()
-        return self._error(op, key, resp.status, resp.headers, body)
+            try:
+                body = await _read(resp, self._max_error_body)
+            except BodyTooLarge as e:
+                note = str(e)  # not read
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+        return self._error(op, key, resp.status, resp.headers, body, note=note)
 
     def _error(
-        self, op: str, key: str, status: int, headers: Mapping[str, str], body: bytes
+        self,
+        op: str,
+        key: str,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        note: str = "",
     ) -> BackendError | _Retry:
         """The one mapping from an unexpected HTTP status to our errors. ``headers`` are
         looked up by lowercase name (aiohttp's are case-insensitive, the lean wire's
-        lowercase)."""
+        lowercase). ``note``: why the body was not read (too long), said in the message."""
         code, message = parse_error(body)
         what = f"{op} {self.bucket}/{key}: HTTP {status}" + (f" {code}" if code else "")
         if message:
             what += f": {message}"
+        if note:
+            what += f" (error body not read: {note})"
         if code in _EXPIRED_CODES:
             return _Retry(what, expired_creds=True)
         if status in _RETRY_STATUS or code in _RETRY_CODES or (status >= 500 and status != 501):
@@ -490,7 +540,7 @@ class S3Store(S3Writes, StoreBase):
         """A page of GetObjectAttributes (``BodyCheck``: a multipart object's part sizes)."""
 
         async def handle(resp: aiohttp.ClientResponse) -> Parts:
-            return parse_object_parts(await resp.read())
+            return parse_object_parts(await _read(resp, _MAX_XML_BODY))
 
         async def lean(reply: Reply) -> Parts:
             return parse_object_parts(reply.body)
@@ -503,6 +553,7 @@ class S3Store(S3Writes, StoreBase):
             headers=headers,
             handle=handle,
             lean=lean,
+            max_body=_MAX_XML_BODY,
             bounded=False,
         )
 
@@ -548,7 +599,7 @@ class S3Store(S3Writes, StoreBase):
             params.append(("start-after", start_after))
 
         async def handle(resp: aiohttp.ClientResponse) -> ListPage | Unchanged:
-            return list_reply(await resp.read(), known)
+            return list_reply(await _read(resp, _MAX_LIST_BODY), known)
 
         async def lean(reply: Reply) -> ListPage | Unchanged:
             return list_reply(reply.body, known)
@@ -562,6 +613,7 @@ class S3Store(S3Writes, StoreBase):
             handle=handle,
             lean=lean,
             unframed_body=_MAX_LIST_BODY,
+            max_body=_MAX_LIST_BODY,
         )
 
     async def head(self, key: str) -> ObjectInfo:
@@ -573,7 +625,29 @@ class S3Store(S3Writes, StoreBase):
 
         return await self._call("head", "HEAD", key, handle=handle, lean=lean)
 
-    async def _get(self, key: str, start: int, end: int | None, if_match: str | None) -> GetResult:
+    async def get(
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        if_match: str | None = None,
+        size: int | None = None,
+    ) -> GetResult:
+        """``ObjectStore.get``; ``size``: the object's size if the caller knows it (its
+        listing), which bounds the reply of a GET without a range end."""
+        if start < 0 or (end is not None and end < 0):
+            raise ValueError(f"bad range [{start}, {end})")
+        return await self._get(key, start, end, if_match, size)
+
+    async def _get(
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        if_match: str | None,
+        size: int | None = None,
+    ) -> GetResult:
         if end is not None and end <= start:
             # An empty range cannot be expressed as an HTTP Range; answer from a HEAD.
             info = await self.head(key)
@@ -588,9 +662,18 @@ class S3Store(S3Writes, StoreBase):
             headers["if-match"] = f'"{if_match}"'
         if self.checksums.stored or self.checksums.python_crcs:
             headers["x-amz-checksum-mode"] = "ENABLED"
+        # The longest body asked for: the range's (a 206), or the whole object's when its size
+        # is known (a 200: no Range, or a server that ignored it).
+        bound: int | None = size
+        if end is not None:
+            bound = max(end - start, size or 0, _RANGE_IGNORED)
 
         async def handle(resp: aiohttp.ClientResponse) -> GetResult:
-            data = await resp.read()
+            limit = _MAX_UNSIZED_BODY if bound is None else bound
+            try:
+                data = await _read(resp, limit if resp.status < 300 else self._max_error_body)
+            except BodyTooLarge as e:
+                raise BackendError(f"get {self.bucket}/{key}: {e}") from None
             return await self._get_result(
                 key, start, end, if_match, resp.status, resp.headers, data, resp.content_length
             )
@@ -606,7 +689,14 @@ class S3Store(S3Writes, StoreBase):
             )
 
         return await self._call(
-            "get", "GET", key, headers=headers, expect=_SGET, handle=handle, lean=lean
+            "get",
+            "GET",
+            key,
+            headers=headers,
+            expect=_SGET,
+            handle=handle,
+            lean=lean,
+            max_body=bound,
         )
 
     async def _get_result(

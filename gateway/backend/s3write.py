@@ -18,6 +18,7 @@ import aiohttp
 from gateway.backend.base import BackendError, ObjectInfo, ObjectNotFound
 from gateway.backend.checksums import digest
 from gateway.backend.config import ChecksumPolicy
+from gateway.backend.http1 import BodyTooLarge
 from gateway.backend.s3verify import off_loop_if_big
 from gateway.backend.s3wire import (
     child_text,
@@ -33,6 +34,9 @@ from gateway.backend.sigv4 import UNSIGNED_PAYLOAD, canonical_query, encode_path
 T = TypeVar("T")
 
 _S200_204: Final = frozenset({200, 204})
+# The XML replies of writes (CreateMultipartUpload, CompleteMultipartUpload, CopyObject) and
+# the empty bodies of PUT, UploadPart, DELETE: a few hundred bytes; also GetObjectAttributes'.
+_MAX_XML_BODY: Final = 1 << 20
 
 
 class S3Calls(Protocol):
@@ -60,6 +64,25 @@ class S3Calls(Protocol):
     def _embedded_error(self, what: str, code: str, message: str) -> Exception: ...
 
     async def head(self, key: str) -> ObjectInfo: ...
+
+
+async def read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """An aiohttp reply's body, at most ``limit`` bytes: a longer ``Content-Length`` is
+    refused before reading, a body without one as soon as it passes ``limit``
+    (``BodyTooLarge``)."""
+    clen = resp.content_length
+    if clen is not None and clen > limit:
+        raise BodyTooLarge(resp.status, clen, limit)
+    if clen is not None:
+        return await resp.read()  # aiohttp stops at Content-Length
+    chunks: list[bytes] = []
+    got = 0
+    async for chunk in resp.content.iter_any():
+        got += len(chunk)
+        if got > limit:
+            raise BodyTooLarge(resp.status, got, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _crc32(data: bytes) -> bytes:
@@ -102,7 +125,7 @@ class S3Writes:
             headers["x-amz-checksum-crc32"] = base64.b64encode(crc).decode()
 
         async def handle(resp: aiohttp.ClientResponse) -> ObjectInfo:
-            await resp.read()
+            await read_bounded(resp, _MAX_XML_BODY)
             h = resp.headers
             return ObjectInfo(
                 key,
@@ -118,7 +141,7 @@ class S3Writes:
         self: S3Calls, key: str, metadata: Mapping[str, str] | None = None
     ) -> str:
         async def handle(resp: aiohttp.ClientResponse) -> str:
-            root = xml_root(await resp.read())
+            root = xml_root(await read_bounded(resp, _MAX_XML_BODY))
             upload_id = child_text(root, "UploadId")
             if not upload_id:
                 raise BackendError(f"create_multipart {self.bucket}/{key}: no UploadId")
@@ -141,7 +164,7 @@ class S3Writes:
         query = canonical_query((("partNumber", str(part_no)), ("uploadId", upload_id)))
 
         async def handle(resp: aiohttp.ClientResponse) -> str:
-            await resp.read()
+            await read_bounded(resp, _MAX_XML_BODY)
             etag = unquote_etag(resp.headers.get("ETag", ""))
             if not etag:
                 raise BackendError(f"upload_part {self.bucket}/{key}: no ETag")
@@ -160,7 +183,7 @@ class S3Writes:
 
         async def handle(resp: aiohttp.ClientResponse) -> tuple[str, int]:
             # S3 may answer 200 and still fail: the error is then in the body.
-            root = xml_root(await resp.read())
+            root = xml_root(await read_bounded(resp, _MAX_XML_BODY))
             if (error := embedded_error(root)) is not None:
                 raise self._embedded_error(f"complete_multipart {self.bucket}/{key}", *error)
             etag = unquote_etag(child_text(root, "ETag"))
@@ -184,7 +207,7 @@ class S3Writes:
         self._part_sizes.pop(upload_id, None)
 
         async def handle(resp: aiohttp.ClientResponse) -> None:
-            await resp.read()
+            await read_bounded(resp, _MAX_XML_BODY)
 
         with contextlib.suppress(ObjectNotFound):  # NoSuchUpload: already gone
             await self._call(
@@ -206,7 +229,8 @@ class S3Writes:
         headers["x-amz-metadata-directive"] = "COPY" if metadata is None else "REPLACE"
 
         async def handle(resp: aiohttp.ClientResponse) -> None:
-            if (error := embedded_error(xml_root(await resp.read()))) is not None:
+            body = await read_bounded(resp, _MAX_XML_BODY)
+            if (error := embedded_error(xml_root(body))) is not None:
                 raise self._embedded_error(f"copy {self.bucket}/{src} -> {dst}", *error)
 
         await self._call("copy", "PUT", dst, headers=headers, handle=handle)
@@ -216,7 +240,7 @@ class S3Writes:
         """Delete; deleting a missing key succeeds (S3 semantics)."""
 
         async def handle(resp: aiohttp.ClientResponse) -> None:
-            await resp.read()
+            await read_bounded(resp, _MAX_XML_BODY)
 
         with contextlib.suppress(ObjectNotFound):
             await self._call("delete", "DELETE", key, expect=_S200_204, handle=handle)

@@ -30,13 +30,27 @@ def payload_sha256(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Credentials:
-    """One set of frozen credentials. ``token`` is set for temporary (session) credentials."""
+    """One set of frozen credentials. ``token`` is set for temporary (session) credentials.
+    Its ``repr`` (and ``str``) never shows the secret key or the token, and only the first 4
+    characters of the access key: a traceback or a log line may print it."""
 
     access_key: str
     secret_key: str
     token: str | None = None
+
+    def __repr__(self) -> str:
+        token = ", token=<hidden>" if self.token else ""
+        return f"Credentials(access_key={redacted(self.access_key)!r}, secret_key=<hidden>{token})"
+
+    __str__ = __repr__
+
+
+def redacted(access_key: str) -> str:
+    """An access key as a log may show it: its first 4 characters (AWS's say the key's kind,
+    ``AKIA``/``ASIA``), the rest elided; a key shorter than 12 characters not at all."""
+    return f"{access_key[:4]}…" if len(access_key) >= 12 else "…"
 
 
 def encode_path(key: str) -> str:
@@ -91,6 +105,9 @@ class SigV4Signer:
     dict swap); one instance per store."""
 
     __slots__ = ("_key_cache", "_pads", "region", "service")
+
+    def __repr__(self) -> str:  # never the cached signing key, nor the secret it came from
+        return f"SigV4Signer(region={self.region!r}, service={self.service!r})"
 
     def __init__(self, region: str, service: str = "s3") -> None:
         self.region = region

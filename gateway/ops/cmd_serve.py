@@ -22,7 +22,13 @@ from gateway.ops import logs
 from gateway.ops.cliflags import add_config_flags, overrides_from_args, print_issues
 from gateway.ops.config import ServerConfig
 from gateway.ops.configfile import ConfigErrors, check_config, find_config_path, load_config
-from gateway.ops.workers import Supervisor, WorkerRole, hold_reloads, worker_count
+from gateway.ops.workers import (
+    Supervisor,
+    WorkerRole,
+    die_with_supervisor,
+    hold_reloads,
+    worker_count,
+)
 
 if TYPE_CHECKING:
     from gateway.ops.server import Server
@@ -77,6 +83,8 @@ async def serve(config: ServerConfig, a: argparse.Namespace, argv: Sequence[str]
 
     hold_reloads()
     role: WorkerRole | None = a.worker
+    if role is not None:
+        die_with_supervisor(config.server.drain_timeout_s)
     server: Server | Supervisor
     if role is None and worker_count(config.server.workers) > 1:
         why = await asyncio.to_thread(cannot_share, config)

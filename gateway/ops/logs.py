@@ -9,6 +9,14 @@ call being served (``dispatch.CALL``: each call runs in its own task), so any li
 while serving a call, in any layer, carries its ``xid``, ``proc`` and ``client``
 (``dispatch.add_call``, a processor here). Standard-library records (botocore, aiohttp, asyncio)
 go through the same renderer via ``ProcessorFormatter``.
+
+No secrets: a traceback is rendered without its frames' local variables, in JSON and on the
+console alike (structlog's default JSON tracebacks carry every frame's locals: a failure below
+the S3 client printed its credentials, the AUTH_SYS credentials of the call and the first bytes
+of a WRITE's data). The console renders plain Python tracebacks whatever is installed (rich's
+and better-exceptions' show locals too). Types that hold a secret print none in their ``repr``
+(``sigv4.Credentials``, ``ops.config.AdminConfig``); tests/reliability/test_no_secrets_in_logs.py
+injects failures at each layer and looks for the keys in every line.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 import structlog
+from structlog.tracebacks import ExceptionDictTransformer
 
 from gateway.dispatch import add_call
 
@@ -48,9 +57,9 @@ def configure(
     renderer: structlog.types.Processor
     if json:
         renderer = structlog.processors.JSONRenderer()
-        shared.append(structlog.processors.dict_tracebacks)
+        shared.append(json_tracebacks())
     else:
-        renderer = structlog.dev.ConsoleRenderer()
+        renderer = console_renderer()
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
@@ -68,6 +77,16 @@ def configure(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(lvl, logging.WARNING))
+
+
+def json_tracebacks() -> structlog.types.Processor:
+    """``exc_info`` as structured frames: file, line and function only, never locals."""
+    return structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
+
+
+def console_renderer() -> structlog.dev.ConsoleRenderer:
+    """The console's renderer: plain tracebacks (no locals, whatever formatter is installed)."""
+    return structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)
 
 
 def wants_json(out: TextIO, environ: Mapping[str, str] = os.environ) -> bool:

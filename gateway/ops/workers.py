@@ -23,6 +23,19 @@ its own admin settings) and SIGTERM/SIGINT (every worker drains; the supervisor 
 ``drain_timeout_s`` plus a margin, then kills what is left). ``--workers 1`` runs no supervisor
 at all: the one process is today's gateway.
 
+Workers die with their supervisor (``die_with_supervisor``, first thing in a worker): a
+supervisor killed with SIGKILL or by the OOM killer must not leave its workers serving the
+port unsupervised (no restarts, no merged metrics, a port shared with the next gateway started
+outside the service's cgroup). Two mechanisms, either enough: the kernel's parent-death signal
+(``PR_SET_PDEATHSIG`` = SIGTERM, Linux; set by the worker itself after the exec, its parent's
+pid checked after, so a supervisor that died in between is seen too; it fires when the thread
+that forked exits, the supervisor's event-loop thread, which spawns every worker), and a
+lifeline: a pipe whose write end only the supervisor holds, its read end inherited by every
+worker (``NFSGW_SUPERVISOR`` = ``PID:FD``) and watched by a thread, EOF meaning the supervisor
+is gone (any Unix, and whatever thread forked). Then the worker drains as on SIGTERM (its
+listeners close first: the port is free) for at most ``ORPHAN_GRACE_S`` (or
+``drain_timeout_s`` if shorter), and exits (``EXIT_ORPHANED`` if the drain did not end in time).
+
 Must not: serve NFS itself, share memory with the workers, or import the server (a worker is a
 separate process).
 """
@@ -31,12 +44,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -65,6 +80,10 @@ PROBE_MISSES: Final = 3
 KILL_MARGIN_S: Final = 5.0
 _HEALTH_POLL_S: Final = 0.05
 _ENV_DROP: Final = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+SUPERVISOR_ENV: Final = "NFSGW_SUPERVISOR"  # "PID:FD": the supervisor and the lifeline's fd
+ORPHAN_GRACE_S: Final = 3.0  # an orphaned worker's drain, at most; then it exits regardless
+EXIT_ORPHANED: Final = 75  # a worker whose supervisor died and whose drain did not end in time
+_PR_SET_PDEATHSIG: Final = 1
 
 
 def worker_count(setting: int) -> int:
@@ -181,11 +200,17 @@ class Supervisor:
         self._monitors: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
         self._admin: AdminHttp | None = None
+        self._lifeline: tuple[int, int] | None = None  # (read, write) ends of the pipe
 
     # -- life cycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
         from gateway.namespace.handles import load_or_create_secret
+
+        # The lifeline (``die_with_supervisor``): both ends close-on-exec; only the read end
+        # is passed to each worker, so the write end closes when this process dies.
+        if self._lifeline is None:
+            self._lifeline = os.pipe()
 
         c = self.config
         # The secret before any worker: they all read the one file (its creation is atomic
@@ -243,8 +268,12 @@ class Supervisor:
     async def _spawn(self, w: Worker) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
         w.ready = False
+        fds: tuple[int, ...] = ()
+        if self._lifeline is not None:
+            fds = (self._lifeline[0],)
+            env[SUPERVISOR_ENV] = f"{os.getpid()}:{self._lifeline[0]}"
         w.proc = await asyncio.create_subprocess_exec(
-            *self._worker_argv(w), env=env, stdin=asyncio.subprocess.DEVNULL
+            *self._worker_argv(w), env=env, stdin=asyncio.subprocess.DEVNULL, pass_fds=fds
         )
         w.started_at = time.monotonic()
         log.info("worker_started", worker=w.role.index, pid=w.proc.pid)
@@ -400,11 +429,79 @@ class Supervisor:
             s.close()
         if self.run_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self.run_dir, True)
+        if self._lifeline is not None:
+            for fd in self._lifeline:
+                os.close(fd)
+            self._lifeline = None
         await self.notifier.close()
         log.info("supervisor_stopped", codes=[w.proc.returncode for w in live if w.proc])
 
     async def run_until_signalled(self) -> int:
         return await until_signalled(self._stop, self.reload, self.stop, "supervisor_stopping")
+
+
+def die_with_supervisor(drain_timeout_s: float) -> bool:
+    """In a worker, first thing: exit when the supervisor that started it dies (see the
+    module docstring): the parent-death signal (SIGTERM), and a thread watching the
+    lifeline's read end. False when this process was not started by a supervisor (no
+    ``NFSGW_SUPERVISOR``) or the variable is garbled (logged)."""
+    spec = os.environ.pop(SUPERVISOR_ENV, "")
+    if not spec:
+        return False
+    pid_text, _, fd_text = spec.partition(":")
+    try:
+        parent, fd = int(pid_text), int(fd_text)
+        os.set_inheritable(fd, False)  # not into this worker's own children
+    except (ValueError, OSError) as e:
+        log.error("supervisor_lifeline_unusable", value=spec, error=str(e))
+        return False
+    grace = max(0.0, min(ORPHAN_GRACE_S, drain_timeout_s))
+    set_parent_death_signal(signal.SIGTERM)
+    threading.Thread(
+        target=_watch_lifeline, args=(fd, parent, grace), name="nfsgw-lifeline", daemon=True
+    ).start()
+    return True
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """``prctl(PR_SET_PDEATHSIG, sig)``: the kernel sends ``sig`` to this process when the
+    thread that forked it exits. False where there is no such call (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_lifeline(fd: int, parent: int, grace_s: float) -> None:
+    """The lifeline's thread: blocks on the pipe until EOF (every write end closed: the
+    supervisor is gone), then stops the worker. A parent already gone when the worker
+    started (it died before the parent-death signal was set) counts the same."""
+    if os.getppid() == parent:
+        while True:
+            try:
+                if not os.read(fd, 64):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+    orphaned(grace_s)
+
+
+def orphaned(grace_s: float) -> None:
+    """The supervisor is gone: drain as on SIGTERM (the signal handler's path), exit after
+    ``grace_s`` whatever the drain is doing. Runs in the lifeline's thread."""
+    log.error("supervisor_gone", pid=os.getpid(), exit_within_s=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace_s)
+    log.error("orphan_exit", pid=os.getpid(), reason=f"drain not over after {grace_s:g} s")
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(EXIT_ORPHANED)
 
 
 def hold_reloads() -> None:

@@ -390,3 +390,75 @@ def test_a_wedged_worker_is_killed_and_replaced(
         assert "worker_wedged" in gw.log_path.read_text()
         with LibNfs(gw.libnfs_url("/data")) as c:
             assert c.read_file("/c1/f001.jpg") == _body(1)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_workers_die_with_a_killed_supervisor(tmp_path: Path) -> None:
+    """The supervisor SIGKILLed while a client is connected: within 5 s no worker is left
+    and the NFS port can be bound again (issue 37: orphans served the port for 95 minutes).
+    A ``file://`` export: nothing here needs S3."""
+    import socket
+
+    tree = tmp_path / "tree"
+    (tree / "c0").mkdir(parents=True)
+    (tree / "c0" / "f.jpg").write_bytes(_body(1))
+    gw = GatewayProcess(
+        tmp_path,
+        [{"path": "/data", "backend": f"file://{tree}", "read_only": True}],
+        sections={"server": {"drain_timeout_s": 60}},
+        workers=2,
+    )
+    with gw:
+        _, stats = _json(gw, "/v1/stats")
+        pids = [w["pid"] for w in stats["workers"]]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        with LibNfs(gw.libnfs_url("/data")) as c:  # a client holds a connection
+            assert c.read_file("/c0/f.jpg") == _body(1)
+            gw.send_signal(signal.SIGKILL)
+            gw.wait(10)
+            t0 = time.monotonic()
+            while any(_alive(p) for p in pids) and time.monotonic() - t0 < 5.0:
+                time.sleep(0.05)
+            left = [p for p in pids if _alive(p)]
+            for p in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+        assert not left, f"workers {left} outlived their supervisor by 5 s"
+        with socket.socket() as s:  # as a new gateway would bind it
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", gw.port))
+            s.listen()
+
+
+def test_a_worker_whose_supervisor_is_gone_at_start_exits(tmp_path: Path) -> None:
+    """The race the parent-death signal cannot see: a supervisor that died before the worker
+    set it. The worker compares its parent with the supervisor it was given and stops."""
+    import subprocess
+    import sys
+
+    r, w = os.pipe()
+    code = (
+        "import os, signal, sys, time\n"
+        "from gateway.ops import workers\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+        "assert workers.die_with_supervisor(0.5)\n"
+        "time.sleep(30)\n"
+        "sys.exit(3)\n"
+    )
+    env = {**os.environ, "NFSGW_SUPERVISOR": f"{os.getpid() + 99999}:{r}"}  # not its parent
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(r,))
+    try:
+        assert p.wait(15) == 0  # the SIGTERM it sent itself, well before the 30 s
+    finally:
+        os.close(r)
+        os.close(w)
+        if p.poll() is None:
+            p.kill()

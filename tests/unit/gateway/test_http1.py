@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from gateway.backend import http1
 from gateway.backend.http1 import (
+    BodyTooLarge,
     ConnectionClosed,
     HttpError,
     Pool,
@@ -245,8 +247,8 @@ def test_oversized_head() -> None:
 
 
 def test_error_body_is_bounded() -> None:
-    r = ReplyReader(max_unframed_body=10)
-    with pytest.raises(HttpError, match="over 10"):
+    r = ReplyReader(max_error_body=10)
+    with pytest.raises(BodyTooLarge, match="at most 10 allowed"):
         feed(r, b"HTTP/1.1 500 X\r\n\r\n" + b"a" * 11)
 
 
@@ -549,7 +551,7 @@ def test_chunked_2xx_is_read_when_asked_at_every_split() -> None:
 
 def test_chunked_2xx_is_bounded() -> None:
     r = ReplyReader(unframed_ok=True, max_unframed_body=100)
-    with pytest.raises(HttpError, match="over 100"):
+    with pytest.raises(BodyTooLarge, match="at most 100 allowed"):
         feed(r, chunked(b"200 OK", b"a" * 101))
 
 
@@ -596,3 +598,121 @@ async def test_store_lists_chunked_pages_over_the_lean_wire() -> None:
             await store.close()
         assert len(accepted) == 1  # the lean wire, one kept-alive connection for all three
         assert seen[0].startswith(b"/bucket?") and seen[2] == b"/bucket/k"
+
+
+# -------------------------------------------- bounds (issue 37: a head claiming 1 GiB)
+
+
+def test_a_head_claiming_more_than_asked_is_refused_before_allocation(
+    body_twin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim is checked against ``max_body`` when the head is parsed: no body buffer is
+    ever asked for (``body_buffer`` would raise), the error names both lengths."""
+
+    def no_buffer(n: int) -> Any:
+        raise AssertionError(f"a {n}-byte body buffer was allocated")
+
+    monkeypatch.setattr(http1, "body_buffer", no_buffer)
+    r = ReplyReader(max_body=1000)
+    with pytest.raises(BodyTooLarge, match="claims a 1073741824-byte body, at most 1000") as e:
+        feed(r, b"HTTP/1.1 206 Partial Content\r\nContent-Length: 1073741824\r\n\r\nabc")
+    assert (e.value.status, e.value.claimed, e.value.allowed) == (206, 1 << 30, 1000)
+    monkeypatch.undo()
+    ok = ReplyReader(max_body=11)  # exactly the bound is fine
+    assert feed(ok, OK) and ok.reply is not None and ok.reply.body == b"hello world"
+
+
+def test_error_replies_are_bounded_by_max_error_body() -> None:
+    r = ReplyReader(max_body=1 << 30, max_error_body=100)
+    with pytest.raises(BodyTooLarge, match="HTTP 503 reply claims a 101-byte body, at most 100"):
+        feed(r, b"HTTP/1.1 503 Slow Down\r\nContent-Length: 101\r\n\r\n")
+    # chunked: refused at the chunk size that passes the bound, before its data came
+    r = ReplyReader(max_error_body=100)
+    head = b"HTTP/1.1 500 X\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with pytest.raises(BodyTooLarge, match="claims a 1048586-byte body"):
+        feed(r, head + b"a\r\n0123456789\r\n100000\r\n")
+
+
+def test_a_chunked_2xx_is_refused_at_the_chunk_size() -> None:
+    r = ReplyReader(unframed_ok=True, max_unframed_body=1 << 20)
+    with pytest.raises(BodyTooLarge, match="claims a 1073741824-byte body"):
+        feed(r, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n40000000\r\n")
+    r = ReplyReader(unframed_ok=True)
+    with pytest.raises(HttpError, match="bad chunk size"):
+        feed(r, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"f" * 40 + b"\r\n")
+
+
+def test_an_absurd_content_length_is_a_framing_error() -> None:
+    """Past 19 digits (and past int()'s 4,300-digit limit, which raised ValueError out of
+    the protocol callback): a bad length, not a crash."""
+    for digits in (20, 5000):
+        r = ReplyReader()
+        with pytest.raises(HttpError, match="bad Content-Length"):
+            feed(r, b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * digits + b"\r\n\r\n")
+
+
+def test_a_body_of_no_known_bound_grows_as_it_arrives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``max_body`` None: bounded by ``max_unsized_body``; past ``_PREALLOC_UNSIZED`` the
+    body is received into a growing buffer (memory follows the bytes that came), the same
+    bytes in the end."""
+    monkeypatch.setattr(http1, "_PREALLOC_UNSIZED", 1000)
+    body = bytes(range(256)) * 40
+    data = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    for cuts in (None, [50, 100, 5000], list(range(1, len(data), 997))):
+        r = ReplyReader()
+        assert not feed(r, data[:-1], cuts)
+        assert len(r.body) < len(body)  # what came so far, not what was claimed
+        assert feed(r, data[-1:]) and r.reply is not None
+        assert r.reply.body == body and type(r.reply.body) is bytes and not r.extra
+    r = ReplyReader()
+    assert not feed(r, data[:5000])
+    with pytest.raises(ConnectionClosed, match="after 4958 of 10240 body bytes"):
+        r.eof()
+    with pytest.raises(BodyTooLarge, match="at most 5000"):
+        feed(ReplyReader(max_unsized_body=5000), data)
+
+
+def test_endless_header_lines_are_refused() -> None:
+    many = b"HTTP/1.1 200 OK\r\n" + b"x: y\r\n" * 300 + b"Content-Length: 0\r\n\r\n"
+    with pytest.raises(HttpError, match="301 header lines, at most 256"):
+        feed(ReplyReader(), many)
+    assert feed(ReplyReader(max_header_lines=400), many)
+
+
+async def test_pool_refuses_a_huge_claim_and_drops_the_connection() -> None:
+    huge = b"HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\nab"
+    first, then = answering(huge), answering(OK)
+    conns: list[int] = []
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append(1)
+        await (first if len(conns) == 1 else then)(r, w)
+
+    async with server(handler) as (pool, accepted):
+        with pytest.raises(BodyTooLarge):
+            await pool.request(
+                REQ, head=False, timeout_s=2.0, connect_timeout_s=1.0, max_body=1 << 20
+            )
+        assert pool.open_connections == 0
+        assert await request(pool) == b"hello world"
+        assert len(accepted) == 2
+
+
+async def test_a_slow_body_fails_at_the_request_deadline() -> None:
+    """A body that keeps coming, one byte at a time, well inside any "no progress" timeout:
+    the request's deadline covers the whole body."""
+
+    async def drip(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.readuntil(b"\r\n\r\n")
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        for _ in range(1000):
+            w.write(b"x")
+            await w.drain()
+            await asyncio.sleep(0.02)
+
+    async with server(drip) as (pool, _):
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TimeoutError):
+            await request(pool, timeout_s=0.5)
+        assert loop.time() - t0 < 1.5 and pool.open_connections == 0

@@ -149,3 +149,19 @@ def test_matches_botocore_on_random_requests(monkeypatch: pytest.MonkeyPatch) ->
         url = f"http://{host}{path}" + (f"?{query}" if query else "")
         theirs = _botocore_authorization(creds, region, method, url, extra, body, when, monkeypatch)
         assert ours["authorization"] == theirs, (method, key, params)
+
+
+def test_credentials_never_print_their_secret() -> None:
+    """A traceback or a log line may print credentials (issue 37: a crash below the S3
+    client logged the access key and half the secret through this repr)."""
+    from gateway.backend.sigv4 import Credentials, SigV4Signer
+
+    c = Credentials("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "tok3n")
+    for text in (repr(c), str(c), f"{c}", repr([c]), repr(SigV4Signer("us-east-1"))):
+        assert "IOSFODNN7EXAMPLE" not in text and "wJalr" not in text and "EXAMPLEKEY" not in text
+        assert "tok3n" not in text
+    assert repr(c) == "Credentials(access_key='AKIA…', secret_key=<hidden>, token=<hidden>)"
+    assert "AKIA" not in repr(Credentials("AKIA1234", "s"))  # too short to show any of it
+    signer = SigV4Signer("us-east-1")
+    signer.signing_key(c.secret_key, "20261130")
+    assert "wJalr" not in repr(signer) and repr(signer).startswith("SigV4Signer(")
