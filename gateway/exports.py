@@ -159,8 +159,6 @@ def _sec(v: object) -> tuple[str, ...]:
     out: list[str] = []
     for item in v:
         s = item.strip().lower() if isinstance(item, str) else item
-        if s == "unix":
-            s = "sys"
         if s not in SEC_FLAVORS:
             raise Invalid(
                 f"{item!r} is not an auth flavour this gateway serves",
