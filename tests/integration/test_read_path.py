@@ -97,7 +97,7 @@ def proxy(seaweed: SeaweedServer) -> Iterator[ThreadProxy]:
 
 def _export(bucket: str, ds: Dataset, attr_ttl_s: float) -> ExportConfig:
     return ExportConfig(
-        "/data", f"s3://{bucket}/{ds.prefix}", read_only=True, attr_ttl_s=attr_ttl_s
+        "/data", f"s3://{bucket}/{ds.prefix}", read_only=True, attr_ttl_s=attr_ttl_s, insecure=True
     )
 
 

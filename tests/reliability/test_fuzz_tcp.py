@@ -88,9 +88,9 @@ def fx(
 ) -> Iterator[Fixture]:
     tmp: Path = tmp_path_factory.mktemp("tcpfuzz")
     exports = [
-        ExportConfig("/data", f"s3://{tree_bucket}/{tree.prefix}", read_only=True),
+        ExportConfig("/data", f"s3://{tree_bucket}/{tree.prefix}", read_only=True, insecure=True),
         # writes land in a scratch prefix of the same bucket, never under the tree
-        ExportConfig("/rw", f"s3://{tree_bucket}/scratch/", squash="none"),
+        ExportConfig("/rw", f"s3://{tree_bucket}/scratch/", squash="none", insecure=True),
     ]
     with (
         GatewayThread(
