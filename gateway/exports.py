@@ -254,6 +254,7 @@ class ExportConfig:
             boolean,
             "accept clients on any source port, like knfsd's insecure (needed behind a NAT "
             "or QEMU user networking, and for clients that bind no reserved port)",
+            flag="--insecure",
         ),
     )
     sec: tuple[str, ...] = field(

@@ -194,7 +194,9 @@ def stats(a: argparse.Namespace) -> int:
     for e in s["exports"]:
         out.append(
             f"export {e['path']} <- {e['backend']} ({'ro' if e['read_only'] else 'rw'}, "
-            f"squash {e['squash']}, clients {', '.join(e['clients'])})"
+            f"squash {e['squash']}, clients {', '.join(e['clients'])}, "
+            f"{'secure' if e.get('secure_port', True) else 'insecure'}, "
+            f"sec {','.join(e.get('sec', ['sys']))})"
         )
     for j in s["warmups"]:
         out.append(job_line(j))

@@ -325,6 +325,9 @@ def _apply_overrides(ctx: _Ctx, raw: dict[str, Any], ov: Overrides) -> None:
         for i, e in enumerate(raw.get("export") or []):
             if isinstance(e, dict):
                 for key, (value, flag) in ov.all_exports.items():
+                    if key in _PORT_KEYS:  # --insecure wins over the file's port rule
+                        for k in _PORT_KEYS:
+                            e.pop(k, None)
                     e[key] = value
                     ctx.origins[("export", i, key)] = flag
 

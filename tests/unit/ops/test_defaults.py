@@ -27,7 +27,7 @@ import structlog
 from gateway.exports import ExportConfig
 from gateway.ops import cli, logs
 from gateway.ops.config import AdminConfig
-from gateway.ops.configfile import check_config
+from gateway.ops.configfile import Overrides, check_config
 from gateway.transport import Peer
 from nfsproto import mount3, rpc
 from nfsproto.client import RpcError, decode_reply
@@ -250,6 +250,12 @@ def test_mount_lists_setting_and_port_rule_in_the_file(tmp_path: Path) -> None:
     assert r.config is not None and not r.config.exports[0].secure
     r = cfg(base + "insecure = true\nsecure_port = true\n")
     assert r.config is None and "contradict" in r.errors[0].message
+    # --insecure (every export) wins over the file's rule, whichever name it uses
+    p = tmp_path / "nfsgw.toml"
+    p.write_text('[admin]\nlisten = ""\n' + base + "secure_port = true\nread_only = true\n")
+    ov = Overrides(all_exports={"insecure": (True, "--insecure")})
+    r = check_config(p, ov)
+    assert r.config is not None and not r.config.exports[0].secure
     r = cfg(base + 'sec = ["sys", "none"]\n')
     assert r.config is not None and r.config.exports[0].sec == ("sys", "none")
     r = cfg(base + 'sec = ["krb5"]\n')
