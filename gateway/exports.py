@@ -158,13 +158,13 @@ def _sec(v: object) -> tuple[str, ...]:
         raise Invalid("must be a non-empty array of flavours", 'e.g. ["sys"] or ["sys", "none"]')
     out: list[str] = []
     for item in v:
-        s = item.strip().lower() if isinstance(item, str) else item
-        if s not in SEC_FLAVORS:
+        s = item.strip().lower() if isinstance(item, str) else None
+        if s is None or s not in SEC_FLAVORS:
             raise Invalid(
                 f"{item!r} is not an auth flavour this gateway serves",
                 '"sys" (AUTH_SYS) or "none" (AUTH_NONE); krb5 is not supported',
             )
-        out.append(str(s))
+        out.append(s)
     return tuple(dict.fromkeys(out))
 
 
@@ -304,7 +304,13 @@ class ExportConfig:
     @property
     def flavors(self) -> tuple[int, ...]:
         """The RPC auth flavour numbers ``sec`` lists, in its order (MNT's auth_flavors)."""
-        return tuple(SEC_FLAVORS[s] for s in self.sec)
+        return _flavors(self.sec)
+
+
+@functools.lru_cache(maxsize=64)
+def _flavors(sec: tuple[str, ...]) -> tuple[int, ...]:
+    """``sec`` as flavour numbers (cached: every call checks it)."""
+    return tuple(SEC_FLAVORS[s] for s in sec)
 
 
 @functools.lru_cache(maxsize=4096)
