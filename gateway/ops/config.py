@@ -243,7 +243,7 @@ class AdminConfig:
             "serve /metrics, /healthz, /readyz and /v1/* here: HOST:PORT, or unix:/PATH "
             '(mode 0660, trusted: mutating calls need no token); "" = off',
             flag="--admin-listen",
-            metavar="HOST:PORT",
+            metavar="HOST:PORT|unix:PATH",
             default_text=f"on at {DEFAULT_ADMIN_LISTEN} with a config file, off without",
         ),
     )
