@@ -456,6 +456,7 @@ def run_config(
                 "backend": f"s3://{BUCKET}/{PREFIX}",
                 "read_only": True,
                 "immutable": True,
+                "insecure": True,
             }
         ],
         name=name,

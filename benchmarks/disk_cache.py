@@ -112,6 +112,7 @@ async def gateway_part(a: argparse.Namespace, work: Path) -> None:
                     "backend": "s3://diskcache/train/",
                     "read_only": True,
                     "immutable": True,
+                    "insecure": True,
                 }
             ],
             sections={

@@ -246,7 +246,7 @@ async def probe(a: argparse.Namespace) -> dict[str, Any]:
         "cache_disk": a.disk,
         "cache_memory": memory,
     }
-    ec = ExportConfig("/data", "s3://b/ds/", read_only=True)
+    ec = ExportConfig("/data", "s3://b/ds/", read_only=True, insecure=True)
     results: dict[str, Any] = {"args": vars(a)}
     watch = Collections()
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="nfsgw-gc-scale-") as tmp:

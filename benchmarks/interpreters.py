@@ -51,7 +51,14 @@ def main() -> int:
             sys.executable = pythons[name]  # what GatewayProcess runs
             gw = GatewayProcess(
                 work,
-                [{"path": "/data", "backend": f"file://{tree.root}", "read_only": True}],
+                [
+                    {
+                        "path": "/data",
+                        "backend": f"file://{tree.root}",
+                        "read_only": True,
+                        "insecure": True,
+                    }
+                ],
                 name=f"nfsgw-{name}",
             )
             gw.start()

@@ -89,6 +89,7 @@ def main() -> int:
                 "--state-dir",
                 str(work / "state"),
                 "--read-only",
+                "--insecure",  # QEMU slirp / our own client: unprivileged ports
                 "--admin-listen",
                 f"127.0.0.1:{mport}",
                 "--log-format",

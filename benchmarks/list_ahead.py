@@ -84,7 +84,7 @@ def run(a: argparse.Namespace) -> int:
                     name = f"gw-ahead{n}-run{r}"
                     gw = GatewayProcess(
                         work,
-                        [{"path": "/data", "backend": f"s3://{BUCKET}/{PREFIX}"}],
+                        [{"path": "/data", "backend": f"s3://{BUCKET}/{PREFIX}", "insecure": True}],
                         name=name,
                         flags=["--read-only", "--list-ahead", str(n), "--no-data-prefetch"],
                         s3=Account(proxy.endpoint_url, sw.access_key, sw.secret_key),

@@ -121,7 +121,12 @@ async def main() -> int:
         files, total = len(m.entries), m.total_bytes
         print(f"{files} files, {total / 1e6:.1f} MB", flush=True)
         for name, opts in sets.items():
-            export = {"path": "/data", "backend": "s3://train/imagenet", "read_only": True}
+            export = {
+                "path": "/data",
+                "backend": "s3://train/imagenet",
+                "read_only": True,
+                "insecure": True,
+            }
             with GatewayProcess(work, [export], name=name.replace("=", "-"), s3=sw) as gw:
                 t0 = time.monotonic()
                 res = await asyncio.to_thread(

@@ -134,6 +134,7 @@ def run_gateway(
         "backend": f"s3://{BUCKET}/{PREFIX}",
         "read_only": True,
         "immutable": True,
+        "insecure": True,
     }
     if packed:
         export["pack"] = PACK

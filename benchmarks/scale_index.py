@@ -223,7 +223,7 @@ class Nfsgw:
         self.flags = ["--read-only", *flags]
         self.gw = GatewayProcess(
             work,
-            [{"path": "/data", "backend": backend or f"file://{tree.root}"}],
+            [{"path": "/data", "backend": backend or f"file://{tree.root}", "insecure": True}],
             name=name,
             flags=self.flags,
             env=env,

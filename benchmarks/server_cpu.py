@@ -194,6 +194,7 @@ def serve(
         "--state-dir",
         f"{tmp}/state-{mode}",
         "--read-only",
+        "--insecure",  # its client binds no reserved port
         "--log-level",
         "warning",
     ]

@@ -102,7 +102,14 @@ class S3Gateway(Nfsgw):
         work.mkdir(parents=True, exist_ok=True)
         self.gw = GatewayProcess(
             work,
-            [{"path": "/data", "backend": f"s3://{BUCKET}/ds/", "read_only": True}],
+            [
+                {
+                    "path": "/data",
+                    "backend": f"s3://{BUCKET}/ds/",
+                    "read_only": True,
+                    "insecure": True,
+                }
+            ],
             name=name.replace(" ", "").replace("-", ""),
             s3=sw,
             sections={

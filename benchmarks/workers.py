@@ -131,7 +131,14 @@ class Nfsgw:
             sections.setdefault("server", {})["cache_dir"] = str(cache_dir)
         self.gw = GatewayProcess(
             work,
-            [{"path": "/data", "backend": f"file://{tree.root}", "read_only": True}],
+            [
+                {
+                    "path": "/data",
+                    "backend": f"file://{tree.root}",
+                    "read_only": True,
+                    "insecure": True,
+                }
+            ],
             name=self.name.replace(" ", "-") if name else f"nfsgw-w{workers}",
             workers=workers,
             sections=sections,

@@ -2,7 +2,8 @@
 
 Owns: decoding the call header and arguments, authentication flavours, the RPC-level errors of
 RFC 5531 (PROG_UNAVAIL, PROG_MISMATCH, PROC_UNAVAIL, GARBAGE_ARGS, SYSTEM_ERR, RPC_MISMATCH,
-AUTH_ERROR) and the mapping of a failed call to its reply (STYLE §3): a ``GatewayError``
+AUTH_ERROR, also for an ``AuthRefused`` a later rule raises: an export's ``sec``) and the
+mapping of a failed call to its reply (STYLE §3): a ``GatewayError``
 answers the body the handler attached to it (``GatewayError.with_body``) or else the
 procedure's bare result built from the status (``Procedure.fail_body``); a backend failure
 that escaped its layer is translated (``errors.as_gateway_error``); anything else becomes
@@ -52,6 +53,15 @@ def add_call(_logger: object, _method: str, event: MutableMapping[str, Any]) -> 
         event.setdefault("proc", c[1])
         event.setdefault("client", c[2])
     return event
+
+
+class AuthRefused(Exception):
+    """A caller's credential is refused by a rule found past the header (an export's
+    ``sec``): answered as an RPC AUTH_ERROR with ``stat`` (RFC 5531 §9), not an NFS status."""
+
+    def __init__(self, stat: AuthStat, why: str) -> None:
+        super().__init__(why)
+        self.stat = stat
 
 
 @dataclass(slots=True)
@@ -216,6 +226,8 @@ class Dispatcher:
         t0 = time.perf_counter()
         try:
             res = await proc.handler(ctx, args)
+        except AuthRefused as e:  # an export's sec (gateway.policy.check_client)
+            return self._auth_error(w, ctx.xid, e.stat, ctx.peer, str(e)), "AUTH_ERROR"
         except Exception as exc:  # CancelledError is a BaseException: never caught here
             res = self._failure(ctx, name, proc, exc)
             if res is None:

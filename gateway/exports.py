@@ -146,6 +146,28 @@ def _client(item: object) -> list[IpNet]:
     raise Invalid(f"{s!r} has host bits set", f'did you mean "{loose}"?')
 
 
+SEC_FLAVORS: Final = {"sys": 1, "none": 0}  # RFC 5531 AUTH_SYS, AUTH_NONE
+
+
+def _sec(v: object) -> tuple[str, ...]:
+    if isinstance(v, str):
+        v = [v]
+    if isinstance(v, tuple):
+        v = list(v)
+    if not isinstance(v, list) or not v:
+        raise Invalid("must be a non-empty array of flavours", 'e.g. ["sys"] or ["sys", "none"]')
+    out: list[str] = []
+    for item in v:
+        s = item.strip().lower() if isinstance(item, str) else None
+        if s is None or s not in SEC_FLAVORS:
+            raise Invalid(
+                f"{item!r} is not an auth flavour this gateway serves",
+                '"sys" (AUTH_SYS) or "none" (AUTH_NONE); krb5 is not supported',
+            )
+        out.append(s)
+    return tuple(dict.fromkeys(out))
+
+
 _SQUASH: Final = {
     "root": "root",
     "root_squash": "root",
@@ -219,8 +241,29 @@ class ExportConfig:
         ),
     )
     secure_port: bool = field(
+        default=True,
+        metadata=_live(
+            boolean,
+            "only clients on a privileged source port (< 1024), like knfsd's secure "
+            "(false is insecure = true)",
+        ),
+    )
+    insecure: bool = field(
         default=False,
-        metadata=_live(boolean, "only clients on a privileged source port (< 1024)"),
+        metadata=_live(
+            boolean,
+            "accept clients on any source port, like knfsd's insecure (needed behind a NAT "
+            "or QEMU user networking, and for clients that bind no reserved port)",
+            flag="--insecure",
+        ),
+    )
+    sec: tuple[str, ...] = field(
+        default=("sys",),
+        metadata=_live(
+            Conv(_sec, show=lambda t: "[" + ", ".join(f'"{x}"' for x in t) + "]"),
+            'RPC auth flavours the export accepts, like knfsd\'s sec=: "sys" (AUTH_SYS), '
+            '"none" (AUTH_NONE, squashed to anonuid)',
+        ),
     )
     pack: str | None = field(
         default=None,
@@ -243,7 +286,7 @@ class ExportConfig:
     )
 
     def __post_init__(self) -> None:
-        for name, conv in (("path", _export_path), ("backend", _backend)):
+        for name, conv in (("path", _export_path), ("backend", _backend), ("sec", _sec)):
             try:
                 conv(getattr(self, name))
             except Invalid as e:
@@ -251,6 +294,23 @@ class ExportConfig:
 
     def allows(self, host: str) -> bool:
         return _allows(self.clients, host)
+
+    @property
+    def secure(self) -> bool:
+        """Whether a client must call from a privileged source port (``secure_port`` and
+        not ``insecure``)."""
+        return self.secure_port and not self.insecure
+
+    @property
+    def flavors(self) -> tuple[int, ...]:
+        """The RPC auth flavour numbers ``sec`` lists, in its order (MNT's auth_flavors)."""
+        return _flavors(self.sec)
+
+
+@functools.lru_cache(maxsize=64)
+def _flavors(sec: tuple[str, ...]) -> tuple[int, ...]:
+    """``sec`` as flavour numbers (cached: every call checks it)."""
+    return tuple(SEC_FLAVORS[s] for s in sec)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -50,7 +50,7 @@ from gateway.handlers.mutate import MAX_KEY
 from gateway.namespace import Entry, EntryKind
 from gateway.namespace.index import Namespace
 from gateway.namespace.paths import bad_name, join_path, split_path
-from gateway.policy import R_OK, X_OK, client_denied, permits, squash
+from gateway.policy import R_OK, X_OK, client_denied, flavor_denied, permits, squash
 from gateway.registry import Gateway
 from gateway.transport import Peer
 from nfsproto import rpc
@@ -420,6 +420,8 @@ class FastPath:
         if client_denied(export.cfg, peer.host, peer.port) is not None:
             return None
         flavor = int.from_bytes(cred[:4], "big")
+        if flavor_denied(export.cfg, flavor) is not None:  # the ordinary path refuses it
+            return None
         ctx = CallContext(0, fastwire.NFS_PROGRAM, 3, 0, peer, flavor)
         if flavor == rpc.AuthFlavor.AUTH_SYS:
             try:

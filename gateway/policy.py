@@ -9,25 +9,44 @@ Must not: count, log or resolve handles (``gateway.registry`` does).
 from __future__ import annotations
 
 from gateway.attrs import default_mode
-from gateway.dispatch import CallContext
+from gateway.dispatch import AuthRefused, CallContext
 from gateway.errors import AccessDenied
 from gateway.exports import Export, ExportConfig
 from gateway.namespace import Entry, EntryKind
+from nfsproto.rpc import AuthStat
 
 
 def client_denied(cfg: ExportConfig, host: str, port: int) -> str | None:
-    """Why ``host:port`` may not use the export (None: it may)."""
+    """Why ``host:port`` may not use the export (None: it may): not in ``clients``, or on an
+    unprivileged source port when the export is secure (knfsd's ``secure``, the default)."""
     if not cfg.allows(host):
         return f"client {host} is not in the clients of {cfg.path}"
-    if cfg.secure_port and port >= 1024:
-        return f"client port {port} is not privileged (secure_port on {cfg.path})"
+    if cfg.secure and port >= 1024:
+        return (
+            f"client port {port} is not privileged ({cfg.path} is secure; insecure = true "
+            "accepts any port)"
+        )
     return None
 
 
+def flavor_denied(cfg: ExportConfig, flavor: int) -> str | None:
+    """Why a call with auth ``flavor`` may not use the export (None: it may): the flavour is
+    not in its ``sec`` (knfsd's ``sec=``; AUTH_NONE only where listed)."""
+    if flavor in cfg.flavors:
+        return None
+    return f"auth flavor {flavor} is not in the sec of {cfg.path} ({', '.join(cfg.sec)})"
+
+
 def check_client(ctx: CallContext, export: Export) -> None:
+    """Refuse a caller the export does not admit: ``AuthRefused`` (RPC AUTH_ERROR
+    AUTH_TOOWEAK, RFC 5531 §9) for a flavour not in ``sec``, ``AccessDenied`` (NFS3ERR_ACCES)
+    for a client or port rule."""
     why = client_denied(export.cfg, ctx.peer.host, ctx.peer.port)
     if why is not None:
         raise AccessDenied(why)
+    why = flavor_denied(export.cfg, ctx.flavor)
+    if why is not None:
+        raise AuthRefused(AuthStat.AUTH_TOOWEAK, why)
 
 
 def squash(ctx: CallContext, cfg: ExportConfig) -> None:

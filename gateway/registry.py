@@ -22,7 +22,7 @@ from gateway.exports import Export, Mount
 from gateway.namespace import Entry
 from gateway.namespace.resolve import Handles
 from gateway.policy import check_client, squash
-from gateway.settings import INLINE, MiB, setting, size
+from gateway.settings import INLINE, MiB, choice, setting, size
 from gateway.writes import WriteManager
 from nfsproto.nfs3 import MAX_DATA
 
@@ -50,6 +50,16 @@ class NfsConfig:
     )
     # The duplicate-request cache's bounds (gateway.drc): drc_* keys of [server].
     drc: DrcConfig = field(default_factory=DrcConfig, metadata=INLINE)
+    mount_lists: str = field(
+        default="allowed",
+        metadata=setting(
+            choice(("allowed", "all")),
+            "what MOUNT EXPORT and DUMP show: allowed = only the exports the caller may "
+            "mount (DUMP: only their mounts, nothing to other hosts); all = every export, "
+            "its clients and every mount, to anyone",
+            reload="live",
+        ),
+    )
 
 
 @dataclass(slots=True)

@@ -365,7 +365,15 @@ async def compare(
             flags = CONFIGS[name] + list(gateway_args or [])
             gw = GatewayProcess(
                 work_dir,
-                [{"path": "/data", "backend": s3_url, "read_only": True, "immutable": True}],
+                [
+                    {
+                        "path": "/data",
+                        "backend": s3_url,
+                        "read_only": True,
+                        "immutable": True,
+                        "insecure": True,
+                    }
+                ],
                 name=name,
                 sections={"s3": {"endpoint_url": proxy.endpoint_url}},
                 flags=flags,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -110,6 +111,7 @@ class GatewayProcess:
         env: Mapping[str, str] | None = None,
         startup_timeout_s: float = 60.0,
         workers: int = 1,
+        admin_token: bool = False,
     ) -> None:
         self.work_dir = work_dir
         self.name = name
@@ -129,6 +131,15 @@ class GatewayProcess:
             "admin": {"listen": f"127.0.0.1:{self.admin_port}"},
             "log": {"format": "json"},
         }
+        # On TCP, mutating admin calls (reload, invalidate, warm-up) need a bearer token: with
+        # ``admin_token`` the gateway gets one and ``http``/``admin_headers`` send it.
+        self.admin_token = secrets.token_hex(16) if admin_token else None
+        if self.admin_token is not None:
+            token_file = work_dir / f"{name}.admin-token"
+            work_dir.mkdir(parents=True, exist_ok=True)
+            token_file.write_text(self.admin_token + "\n")
+            token_file.chmod(0o600)
+            self.sections["admin"]["token_file"] = str(token_file)
         environ = dict(os.environ if env is None else env)
         if s3 is not None:
             self.sections["s3"] = {"endpoint_url": s3.endpoint_url}
@@ -270,9 +281,16 @@ class GatewayProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}/metrics"
 
+    def admin_headers(self) -> dict[str, str]:
+        """The admin API's bearer token as request headers (none without ``admin_token``)."""
+        return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+
     def http(self, path: str) -> bytes:
         """GET ``path`` of the admin API."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=30) as r:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.admin_port}{path}", headers=self.admin_headers()
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
             body: bytes = r.read()
             return body
 

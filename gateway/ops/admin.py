@@ -239,7 +239,8 @@ def stats_snapshot(served: Served, gw: Gateway, m: Metrics, warmups: Warmups) ->
                 "anongid": c.anongid,
                 "attr_ttl_s": c.attr_ttl_s,
                 "immutable": c.immutable,
-                "secure_port": c.secure_port,
+                "secure_port": c.secure,
+                "sec": list(c.sec),
                 "metadata": {k: v for k, v in _fields(e.ns.stats)},
             }
         )

@@ -1,17 +1,29 @@
 """The admin HTTP surface (aiohttp): routes, bearer token, listeners, request bodies — once.
 
-Owns: the routes operators and probes use, their status codes and error replies, the bearer
-token check (``admin.token_file``; /healthz and /readyz stay open for probes), serving on a TCP
-address or a Unix socket. What each route answers comes from an ``AdminBackend``: the process's
-own state (``gateway.ops.admin.LocalAdmin``) or its workers' answers combined
+Owns: the routes operators and probes use, their status codes and error replies, who may call
+them, serving on a TCP address or a Unix socket (``unix:/PATH``, mode 0660). What each route
+answers comes from an ``AdminBackend``: the process's own state
+(``gateway.ops.admin.LocalAdmin``) or its workers' answers combined
 (``gateway.ops.fanout.FleetAdmin``).
 
 - ``GET /metrics``, ``GET /healthz``, ``GET /readyz``, ``GET /v1/stats``
 - ``POST /v1/invalidate``, ``POST /v1/warmup``, ``GET /v1/warmup[/ID]``,
   ``DELETE /v1/warmup/ID``, ``POST /v1/reload``
 
-A request body must be a JSON object (400 otherwise); without a body the query string is the
-object. An unknown or malformed warm-up id is a 404.
+Who may call what:
+
+- A request that came in on a Unix socket is trusted (its file mode, 0660, decides who can
+  connect): every route, no token.
+- On TCP with a token (``admin.token_file``): every route but the probes (/healthz, /readyz)
+  needs ``Authorization: Bearer TOKEN`` (401 otherwise).
+- On TCP without a token: the GETs answer; a mutating request (any method but GET and HEAD:
+  reload, invalidate, warm-up start and cancel) is refused, 403, naming the two ways to allow
+  it. (A non-loopback TCP listen without a token does not start: ``gateway.ops.configfile``.)
+
+A request body must be a JSON object sent as ``Content-Type: application/json`` (415 for any
+other type, so a browser's cross-site ``text/plain`` or form POST is refused; 400 for a body
+that is not a JSON object); without a body the query string is the object. An unknown or
+malformed warm-up id is a 404.
 
 Must not: know what a backend is made of (the server, the registry, the workers), or block the
 loop.
@@ -20,15 +32,19 @@ loop.
 from __future__ import annotations
 
 import hmac
+import os
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.ops.config import ServerConfig, split_listen
+from gateway.ops.config import UNIX_PREFIX, ServerConfig, split_listen
 
 _OPEN = frozenset({"/healthz", "/readyz"})
+_READS = frozenset({"GET", "HEAD"})
+SOCKET_MODE = 0o660
 MAX_BODY_BYTES = 64 << 10
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -122,7 +138,11 @@ class AdminHttp:
         r.add_post("/v1/reload", self._reload)
 
     async def start(self, listen: str) -> int:
-        """Serve on ``host:port``; returns the port bound (``:0`` picks one)."""
+        """Serve on ``host:port`` (returns the port bound: ``:0`` picks one) or on
+        ``unix:/PATH`` (returns 0; the socket gets mode 0660)."""
+        if listen.startswith(UNIX_PREFIX):
+            await self.start_unix(listen[len(UNIX_PREFIX) :], mode=SOCKET_MODE)
+            return 0
         host, port = split_listen(listen)
         runner = await self._setup()
         site = web.TCPSite(runner, host, port)
@@ -131,10 +151,13 @@ class AdminHttp:
         socks = getattr(server, "sockets", None) or []
         return int(socks[0].getsockname()[1]) if socks else port
 
-    async def start_unix(self, path: str) -> None:
-        """Serve on a Unix socket (a worker process: its supervisor is the only client)."""
+    async def start_unix(self, path: str, *, mode: int | None = None) -> None:
+        """Serve on a Unix socket (``admin.listen = "unix:/PATH"``, or a worker process's,
+        whose supervisor is the only client); ``mode``: chmod the socket to it."""
         runner = await self._setup()
         await web.UnixSite(runner, path).start()
+        if mode is not None:
+            os.chmod(path, mode)
 
     async def _setup(self) -> web.AppRunner:
         runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
@@ -150,7 +173,7 @@ class AdminHttp:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        refused = check_token(request, self.backend.token)
+        refused = check_access(request, self.backend.token)
         return refused if refused is not None else await handler(request)
 
     # -- routes -------------------------------------------------------------------------------
@@ -219,6 +242,37 @@ async def _body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text='{"error": "body must be a JSON object"}')
     return body
+
+
+def _on_unix_socket(request: web.Request) -> bool:
+    """Whether the request came in on a Unix socket (trusted by its file mode)."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    return sock is not None and sock.family == socket.AF_UNIX
+
+
+def check_access(request: web.Request, token: str | None) -> web.Response | None:
+    """None when the request may proceed, else the refusal (module docstring: Unix socket
+    trusted; a token, when set, on everything but the probes; no token: reads only); then a
+    body that is not ``application/json`` is 415."""
+    if not _on_unix_socket(request):
+        refused = check_token(request, token)
+        if refused is not None:
+            return refused
+        if not token and request.method not in _READS:
+            return web.json_response(
+                {
+                    "error": "a mutating admin call needs a bearer token (admin.token_file) or "
+                    'the Unix-socket listen (admin.listen = "unix:/run/nfsgw/admin.sock")'
+                },
+                status=403,
+            )
+    if request.can_read_body and request.content_type != "application/json":
+        return web.json_response(
+            {"error": "a request body must be JSON sent as Content-Type: application/json"},
+            status=415,
+        )
+    return None
 
 
 def check_token(request: web.Request, token: str | None) -> web.Response | None:

@@ -67,8 +67,8 @@ def add_client_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--config", metavar="FILE", help="read the admin address and token from it")
     s.add_argument(
         "--admin-url",
-        help=f"the gateway's admin API (default: from the config, else "
-        f"http://{DEFAULT_ADMIN_LISTEN})",
+        help=f"the gateway's admin API: http://HOST:PORT or unix:/PATH (default: from the "
+        f"config, else http://{DEFAULT_ADMIN_LISTEN})",
     )
     s.add_argument("--token-file", help="bearer token for the admin API")
 

@@ -1,7 +1,10 @@
 """The admin client commands: ``nfsgw stats``, ``nfsgw warmup PATH``, ``nfsgw invalidate
 PATH``, ``nfsgw reload``. Each calls the admin API of a running gateway (its address and token
 from ``--admin-url`` / ``--token-file``, else the config file's ``[admin]``, else
-``$NFSGW_ADMIN_TOKEN`` and the default address) and prints the answer for a person.
+``$NFSGW_ADMIN_TOKEN`` and the default address) and prints the answer for a person. The
+address is ``http://HOST:PORT`` or ``unix:/PATH`` (the Unix-socket listen, trusted by its
+file mode: no token needed); on TCP a mutating call (reload, invalidate, warm-up) needs the
+token.
 
 Must not: import ``gateway.ops.cli`` (it imports this module).
 """
@@ -9,8 +12,10 @@ Must not: import ``gateway.ops.cli`` (it imports this module).
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
+import socket
 import sys
 import time
 import tomllib
@@ -20,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.ops.cliflags import add_client_flags
-from gateway.ops.config import DEFAULT_ADMIN_LISTEN, split_listen
+from gateway.ops.config import DEFAULT_ADMIN_LISTEN, UNIX_PREFIX, split_listen
 from gateway.ops.configfile import find_config_path
 
 
@@ -59,14 +64,17 @@ def _admin(a: argparse.Namespace) -> tuple[str, str | None]:
             raw = tomllib.loads(path.read_text(encoding="utf-8")).get("admin", {})
         except (OSError, tomllib.TOMLDecodeError):
             raw = {}
-        if url is None and isinstance(raw.get("listen"), str) and raw["listen"]:
-            host, port = split_listen(raw["listen"])
+        listen = raw.get("listen")
+        if url is None and isinstance(listen, str) and listen.startswith(UNIX_PREFIX):
+            url = listen
+        elif url is None and isinstance(listen, str) and listen:
+            host, port = split_listen(listen)
             host = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
             url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         if token_file is None and isinstance(raw.get("token_file"), str):
             token_file = raw["token_file"]
     url = (url or f"http://{DEFAULT_ADMIN_LISTEN}").rstrip("/")
-    if not url.startswith("http"):
+    if not url.startswith(("http", UNIX_PREFIX)):
         url = "http://" + url
     token = os.environ.get("NFSGW_ADMIN_TOKEN")
     if token_file:
@@ -79,11 +87,12 @@ def _call(
 ) -> tuple[int, Any]:
     base, token = _admin(a)
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(base + path, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
+    headers = {"Content-Type": "application/json"} if data is not None else {}
     if token:
-        req.add_header("Authorization", f"Bearer {token}")
+        headers["Authorization"] = f"Bearer {token}"
+    if base.startswith(UNIX_PREFIX):
+        return _call_unix(base, method, path, data, headers)
+    req = urllib.request.Request(base + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read() or b"null")
@@ -94,6 +103,43 @@ def _call(
             return e.code, {"error": e.reason}
     except (urllib.error.URLError, OSError) as e:
         raise SystemExit(f"nfsgw: cannot reach the admin API at {base}: {e}") from None
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP/1.1 to a Unix socket (the admin API's ``unix:/PATH`` listen)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(self.path)
+        except OSError:
+            s.close()
+            raise
+        self.sock = s
+
+
+def _call_unix(
+    base: str, method: str, path: str, data: bytes | None, headers: dict[str, str]
+) -> tuple[int, Any]:
+    sock_path = base[len(UNIX_PREFIX) :]
+    conn = _UnixConnection(sock_path, timeout=30)
+    try:
+        conn.request(method, path, body=data, headers=headers)
+        r = conn.getresponse()
+        raw = r.read()
+    except OSError as e:
+        raise SystemExit(f"nfsgw: cannot reach the admin API at {base}: {e}") from None
+    finally:
+        conn.close()
+    try:
+        return r.status, json.loads(raw or b"null")
+    except ValueError:
+        return r.status, {"error": r.reason}
 
 
 def _human(n: float) -> str:
@@ -148,7 +194,9 @@ def stats(a: argparse.Namespace) -> int:
     for e in s["exports"]:
         out.append(
             f"export {e['path']} <- {e['backend']} ({'ro' if e['read_only'] else 'rw'}, "
-            f"squash {e['squash']}, clients {', '.join(e['clients'])})"
+            f"squash {e['squash']}, clients {', '.join(e['clients'])}, "
+            f"{'secure' if e.get('secure_port', True) else 'insecure'}, "
+            f"sec {','.join(e.get('sec', ['sys']))})"
         )
     for j in s["warmups"]:
         out.append(job_line(j))

@@ -106,17 +106,29 @@ def _host(v: object) -> str:
     return s
 
 
+UNIX_PREFIX: Final = "unix:"  # admin.listen = "unix:/run/nfsgw/admin.sock"
+
+
 def _listen(v: object) -> str | None:
     s = string.parse(v)
     if not s:
         return None
+    if s.startswith(UNIX_PREFIX):
+        path = s[len(UNIX_PREFIX) :]
+        if not path.startswith("/") or "\0" in path or len(path.encode()) > 107:
+            raise Invalid(
+                f"{s!r} is not unix:/ABSOLUTE/PATH (at most 107 bytes)",
+                'e.g. "unix:/run/nfsgw/admin.sock"',
+            )
+        return s
     try:
         host, _ = split_listen(s)
         if host != "localhost":
             ipaddress.ip_address(host)
     except ValueError:
         raise Invalid(
-            f"{s!r} is not HOST:PORT", 'e.g. "127.0.0.1:9426" or "[::1]:9426"; "" turns it off'
+            f"{s!r} is not HOST:PORT or unix:/PATH",
+            'e.g. "127.0.0.1:9426", "[::1]:9426" or "unix:/run/nfsgw/admin.sock"; "" turns it off',
         ) from None
     return s
 
@@ -228,9 +240,10 @@ class AdminConfig:
         default=None,
         metadata=setting(
             Conv(_listen),
-            'serve /metrics, /healthz, /readyz and /v1/* here, e.g. 127.0.0.1:9426; "" = off',
+            "serve /metrics, /healthz, /readyz and /v1/* here: HOST:PORT, or unix:/PATH "
+            '(mode 0660, trusted: mutating calls need no token); "" = off',
             flag="--admin-listen",
-            metavar="HOST:PORT",
+            metavar="HOST:PORT|unix:PATH",
             default_text=f"on at {DEFAULT_ADMIN_LISTEN} with a config file, off without",
         ),
     )
@@ -238,7 +251,8 @@ class AdminConfig:
         default=None,
         metadata=setting(
             abs_path,
-            "require this bearer token on the admin API",
+            "require this bearer token on the admin API (mutating calls on TCP need it; a "
+            "non-loopback listen needs it to start)",
             flag="--admin-token-file",
             reload="live",
         ),

@@ -28,6 +28,7 @@ from gateway.exports import ExportConfig, export_id_for
 from gateway.ops.config import (
     DEFAULT_ADMIN_LISTEN,
     SECTIONS,
+    UNIX_PREFIX,
     AdminConfig,
     ConfigError,
     ServerConfig,
@@ -324,6 +325,9 @@ def _apply_overrides(ctx: _Ctx, raw: dict[str, Any], ov: Overrides) -> None:
         for i, e in enumerate(raw.get("export") or []):
             if isinstance(e, dict):
                 for key, (value, flag) in ov.all_exports.items():
+                    if key in _PORT_KEYS:  # --insecure wins over the file's port rule
+                        for k in _PORT_KEYS:
+                            e.pop(k, None)
                     e[key] = value
                     ctx.origins[("export", i, key)] = flag
 
@@ -373,17 +377,19 @@ def _build(ctx: _Ctx, raw: dict[str, Any], ov: Overrides) -> ServerConfig | None
 
 
 def _admin(ctx: _Ctx, admin: AdminConfig) -> AdminConfig:
-    """Read the token; warn about an admin API on the network without one."""
+    """Read the token; refuse an admin API on the network without one (an error: the
+    gateway does not start)."""
     token = None
     if admin.token_file is not None:
         token = _read_token(ctx, ("admin", "token_file"), admin.token_file)
-    if admin.listen is not None and token is None:
-        host, _ = split_listen(admin.listen)
+    listen = admin.listen
+    if listen is not None and not listen.startswith(UNIX_PREFIX) and admin.token_file is None:
+        host, _ = split_listen(listen)
         if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
-            ctx.warn(
+            ctx.error(
                 ("admin", "listen"),
-                f"the admin API on {host} is reachable from the network without a token",
-                "set admin.token_file, or listen on 127.0.0.1",
+                f"the admin API on {host} would be reachable from the network without a token",
+                'set admin.token_file, or listen on 127.0.0.1 or "unix:/run/nfsgw/admin.sock"',
             )
     return dataclasses.replace(admin, token=token)
 
@@ -457,7 +463,7 @@ def _exports(ctx: _Ctx, raw: object, defaults: Mapping[str, Any]) -> list[Export
             )
             continue
         ids[eid] = path
-        values = {**defaults, **own}
+        values = _port_rule(ctx, key, defaults, own)
         if "clients" not in values and key not in ctx.origins:
             ctx.warn(
                 key, f"export {path} allows every client", 'list networks: clients = ["10.0.0.0/8"]'
@@ -468,9 +474,43 @@ def _exports(ctx: _Ctx, raw: object, defaults: Mapping[str, Any]) -> list[Export
                 f"export {path} trusts remote root (no_root_squash)",
                 'use squash = "root" unless clients are trusted hosts',
             )
-        out.append(build(ExportConfig, values))
+        cfg = build(ExportConfig, values)
+        if not cfg.read_only and not cfg.secure:
+            ctx.warn(
+                (*key, "insecure" if "insecure" in own else "secure_port"),
+                f"export {path} is writable and accepts clients on any source port: any user "
+                "of a client host can write as any uid",
+                "drop insecure (secure_port is the default), or make the export read_only",
+            )
+        out.append(cfg)
     _overlaps(ctx, out, [i for i, item in enumerate(raw) if isinstance(item, dict)])
     return out
+
+
+_PORT_KEYS: Final = ("secure_port", "insecure")
+
+
+def _port_rule(
+    ctx: _Ctx, key: Key, defaults: Mapping[str, Any], own: Mapping[str, Any]
+) -> dict[str, Any]:
+    """An export's values over ``[export_defaults]``'s, where the source-port rule is one
+    setting under two names (``secure_port = false`` is ``insecure = true``): the most
+    specific table that names either decides; naming both with opposite meanings is an
+    error."""
+    for table, where in ((defaults, ("export_defaults",)), (own, key)):
+        if all(k in table for k in _PORT_KEYS) and table["secure_port"] == table["insecure"]:
+            ctx.error(
+                (*where, "insecure"),
+                f"secure_port = {str(table['secure_port']).lower()} and insecure = "
+                f"{str(table['insecure']).lower()} contradict each other",
+                "keep one of them: insecure = true (knfsd's insecure) or secure_port = true",
+            )
+    values = {**defaults, **own}
+    if any(k in own for k in _PORT_KEYS):
+        for k in _PORT_KEYS:
+            if k not in own:
+                values.pop(k, None)
+    return values
 
 
 def _overlaps(ctx: _Ctx, exports: list[ExportConfig], idx: list[int]) -> None:

@@ -24,7 +24,7 @@ from nfsproto import nfs3, rpc
 from nfsproto.client import decode_reply
 from nfsproto.nfs3 import Nfs3Proc
 from nfsproto.xdr import Reader
-from tests.e2e.guest import Guest, GuestImage
+from tests.e2e.guest import SLIRP_INSECURE, Guest, GuestImage
 from tests.e2e.recorder import RecordingForwarder
 from tests.harness.thread import GatewayThread
 
@@ -102,7 +102,9 @@ def capture(out: Path, guest: Guest | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="nfsgw-golden-") as tmp:
         export = Path(tmp) / "export"
         _export_dir(export)
-        exports = [ExportConfig("/data", f"file://{export}", read_only=True)]
+        exports = [
+            ExportConfig("/data", f"file://{export}", read_only=True, insecure=SLIRP_INSECURE)
+        ]
         with (
             GatewayThread(exports, state_dir=Path(tmp) / "state") as gw,
             RecordingForwarder(gw.port) as fwd,

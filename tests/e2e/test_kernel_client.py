@@ -35,7 +35,7 @@ from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
 from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
-from tests.e2e.guest import Guest, GuestResult
+from tests.e2e.guest import SLIRP_INSECURE, Guest, GuestResult
 from tests.e2e.tree import MiB, Tree, md5
 from tests.faultproxy import Rule
 from tests.harness.buckets import MakeBucket
@@ -108,7 +108,9 @@ def read_run(
     tree_bucket: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[GuestResult, Counter[str], Counter[str]]]:
-    export = ExportConfig("/data", f"s3://{tree_bucket}/{tree.prefix}", read_only=True)
+    export = ExportConfig(
+        "/data", f"s3://{tree_bucket}/{tree.prefix}", read_only=True, insecure=SLIRP_INSECURE
+    )
     with GatewayThread(
         [export],
         state_dir=tmp_path_factory.mktemp("e2e-read"),
@@ -320,10 +322,15 @@ def test_write_phases_squash_and_denied(
     guest: Guest, seaweed: SeaweedServer, bucket: str, tmp_path: Path
 ) -> None:
     exports = [
-        ExportConfig("/rw", f"s3://{bucket}/rw/", squash="none"),
-        ExportConfig("/squash", f"s3://{bucket}/sq/", dir_mode=0o777),  # root_squash (default)
+        ExportConfig("/rw", f"s3://{bucket}/rw/", squash="none", insecure=SLIRP_INSECURE),
+        ExportConfig(  # root_squash (default)
+            "/squash", f"s3://{bucket}/sq/", dir_mode=0o777, insecure=SLIRP_INSECURE
+        ),
         ExportConfig(
-            "/denied", f"s3://{bucket}/rw/", clients=(ipaddress.ip_network("10.99.0.0/16"),)
+            "/denied",
+            f"s3://{bucket}/rw/",
+            clients=(ipaddress.ip_network("10.99.0.0/16"),),
+            insecure=SLIRP_INSECURE,
         ),
     ]
     with GatewayThread(
@@ -388,7 +395,14 @@ def test_kill9_mid_read_loop_then_dead_server(
 ) -> None:
     gw = GatewayProcess(
         tmp_path,
-        [{"path": "/data", "backend": f"s3://{tree_bucket}/{tree.prefix}", "read_only": True}],
+        [
+            {
+                "path": "/data",
+                "backend": f"s3://{tree_bucket}/{tree.prefix}",
+                "read_only": True,
+                "insecure": SLIRP_INSECURE,
+            }
+        ],
         s3=seaweed,
     )
     gw.start()
@@ -446,7 +460,14 @@ def test_backend_outage_is_jukebox_and_the_kernel_retries(
     proxy = ThreadProxy(seaweed.endpoint_url, name="e2e-faultproxy")
     gw = GatewayProcess(
         tmp_path,
-        [{"path": "/data", "backend": f"s3://{tree_bucket}/{tree.prefix}", "read_only": True}],
+        [
+            {
+                "path": "/data",
+                "backend": f"s3://{tree_bucket}/{tree.prefix}",
+                "read_only": True,
+                "insecure": SLIRP_INSECURE,
+            }
+        ],
         s3=seaweed,
         sections={
             "s3": {

@@ -31,7 +31,7 @@ from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
 from tests.e2e import pjdfstest
-from tests.e2e.guest import Guest
+from tests.e2e.guest import SLIRP_INSECURE, Guest
 from tests.harness.buckets import MakeBucket
 from tests.harness.thread import GatewayThread
 
@@ -126,7 +126,7 @@ def _run(
     timeout_s: float,
 ) -> tuple[dict[str, pjdfstest.FileResult], str, dict[tuple[str, str], int]]:
     tarball, binary = suite
-    exports = [ExportConfig("/data", f"s3://{bucket}/", squash="none")]
+    exports = [ExportConfig("/data", f"s3://{bucket}/", squash="none", insecure=SLIRP_INSECURE)]
     with GatewayThread(exports, state_dir=tmp_path / "state", s3=seaweed.store_kwargs()) as gw:
         run = guest.run(
             ". /job/pjdfstest.sh",  # sourced: it uses the helpers /init defines

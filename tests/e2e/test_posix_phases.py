@@ -22,7 +22,7 @@ import pytest
 from gateway.backend.s3 import S3Store
 from gateway.exports import ExportConfig
 from loadgen.seaweed import SeaweedServer
-from tests.e2e.guest import Guest, GuestResult
+from tests.e2e.guest import SLIRP_INSECURE, Guest, GuestResult
 from tests.harness.buckets import MakeBucket
 from tests.harness.thread import GatewayThread
 
@@ -139,7 +139,7 @@ def test_write_phases_behave_like_a_local_file_system(
     guest: Guest, seaweed: SeaweedServer, bucket: str, tmp_path: Path
 ) -> None:
     asyncio.run(_seed(seaweed, bucket))
-    exports = [ExportConfig("/data", f"s3://{bucket}/ds/", squash="none")]
+    exports = [ExportConfig("/data", f"s3://{bucket}/ds/", squash="none", insecure=SLIRP_INSECURE)]
     with GatewayThread(exports, state_dir=tmp_path / "state", s3=seaweed.store_kwargs()) as gw:
         run = run_phases(guest, SCRIPT, gw.port)
         calls = gw.call_counts()

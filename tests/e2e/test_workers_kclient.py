@@ -15,7 +15,7 @@ import pytest
 
 from loadgen.gwprocess import GatewayProcess
 from loadgen.seaweed import SeaweedServer
-from tests.e2e.guest import Guest
+from tests.e2e.guest import SLIRP_INSECURE, Guest
 from tests.e2e.test_posix_phases import ALLOWED_ERRORS, _seed, check_phases, run_phases
 from tests.harness.buckets import MakeBucket
 
@@ -46,7 +46,14 @@ def test_write_phases_with_two_workers_and_nconnect(
     asyncio.run(_seed(seaweed, bucket))
     gw = GatewayProcess(
         tmp_path,
-        [{"path": "/data", "backend": f"s3://{bucket}/ds/", "squash": "none"}],
+        [
+            {
+                "path": "/data",
+                "backend": f"s3://{bucket}/ds/",
+                "squash": "none",
+                "insecure": SLIRP_INSECURE,
+            }
+        ],
         s3=seaweed,
         workers=2,
     )

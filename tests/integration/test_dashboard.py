@@ -155,7 +155,12 @@ async def test_dashboard_and_alerts_in_prometheus(
         manifest_path=manifest,
         progress=False,
     )
-    export = {"path": "/data", "backend": f"s3://{s3_bucket}/train", "read_only": True}
+    export = {
+        "path": "/data",
+        "backend": f"s3://{s3_bucket}/train",
+        "read_only": True,
+        "insecure": True,
+    }
     # Two workers (the supervisor's series) and a disk tier: every panel has its series.
     sections = {**GATEWAY_SECTIONS, "server": {"cache_dir": str(tmp_path / "cache")}}
     gw = GatewayProcess(

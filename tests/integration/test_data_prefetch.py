@@ -62,7 +62,7 @@ PREFIX = "ds/"
 WAIT_S = 60.0  # bound of every poll: far above what any of them needs
 EQ_FILES = 40
 EQ_SIZE = 8 * KiB
-RO: dict[str, Any] = {"read_only": True, "immutable": True}
+RO: dict[str, Any] = {"read_only": True, "immutable": True, "insecure": True}  # TCP clients
 
 
 def make_tree(seed: int = 13) -> dict[str, bytes]:

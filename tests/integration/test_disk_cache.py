@@ -66,7 +66,11 @@ def gateway(
     s3 = dict(seaweed.store_kwargs())
     s3["endpoint_url"] = proxy.endpoint_url
     return GatewayThread(
-        [ExportConfig("/data", f"s3://{bucket}/ds/", read_only=True, immutable=True)],
+        [
+            ExportConfig(
+                "/data", f"s3://{bucket}/ds/", read_only=True, immutable=True, insecure=True
+            )
+        ],
         state_dir=tmp_path / "state",
         s3=s3,
         server_cache_dir=tmp_path / "cache",
@@ -178,7 +182,7 @@ def _post(gw: GatewayProcess, path: str, body: Any) -> tuple[int, Any]:
         f"http://127.0.0.1:{gw.admin_port}{path}",
         data=json.dumps(body).encode(),
         method="POST",
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **gw.admin_headers()},
     )
     with urllib.request.urlopen(req, timeout=120) as r:
         return r.status, json.loads(r.read())
@@ -223,7 +227,16 @@ def test_two_workers_share_the_disk_tier_a_warm_up_fills_and_restarts_keep(
     small = sum(1 for v in files.values() if 0 < len(v) <= MiB)
     gw = GatewayProcess(
         tmp_path,
-        [{"path": "/data", "backend": f"s3://{name}/ds/", "read_only": True, "immutable": True}],
+        [
+            {
+                "path": "/data",
+                "backend": f"s3://{name}/ds/",
+                "read_only": True,
+                "immutable": True,
+                "insecure": True,
+            }
+        ],
+        admin_token=True,  # POST /v1/warmup on TCP needs one
         sections={
             "server": {"cache_dir": str(tmp_path / "cache")},
             "cache": {

@@ -158,7 +158,7 @@ def test_reader_moves_to_another_gateway_mid_epoch(
         (tmp_path / d).mkdir()
         (tmp_path / d / SECRET_FILE).write_bytes(secret)
         (tmp_path / d / SECRET_FILE).chmod(0o600)
-    export = [ExportConfig("/data", f"s3://{name}/{PREFIX}", read_only=True)]
+    export = [ExportConfig("/data", f"s3://{name}/{PREFIX}", read_only=True, insecure=True)]
     s3 = seaweed.store_kwargs()
     lt = LoopThread("switch-proxy").start()
     with (
@@ -222,6 +222,7 @@ def test_refused_client_never_starts_a_walk(
         f"s3://{name}/{PREFIX}",
         read_only=True,
         clients=(ipaddress.ip_network("10.20.0.0/16"),),
+        insecure=True,
     )
     long_paths = [p for p in files if len(p) > 52]
     with GatewayThread([export], state_dir=tmp_path / "s", s3=seaweed.store_kwargs()) as gw:

@@ -69,6 +69,7 @@ async def run(
         "backend": f"s3://{bucket}/train",
         "read_only": True,
         "immutable": True,
+        "insecure": True,
     }
     async with DelayProxy(seaweed.endpoint_url, latency_s=0.001) as proxy:
         gw = GatewayProcess(

@@ -215,7 +215,9 @@ def gateway(
 ) -> GatewayThread:
     s3 = dict(seaweed.store_kwargs())
     s3["endpoint_url"] = proxy.endpoint_url
-    ec = ExportConfig("/data", backend, read_only=True, immutable=immutable, pack=pack_url)
+    ec = ExportConfig(
+        "/data", backend, read_only=True, immutable=immutable, pack=pack_url, insecure=True
+    )
     settings.setdefault("admin_listen", "127.0.0.1:0")
     return GatewayThread([ec], state_dir=tmp_path / "state", s3=s3, **settings)
 

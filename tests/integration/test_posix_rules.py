@@ -109,7 +109,7 @@ class Client:
 
 @pytest.fixture
 def gw(seaweed: SeaweedServer, s3_bucket: str, tmp_path: Path) -> Iterator[GatewayThread]:
-    exports = [ExportConfig("/data", f"s3://{s3_bucket}/{PREFIX}", squash="none")]
+    exports = [ExportConfig("/data", f"s3://{s3_bucket}/{PREFIX}", squash="none", insecure=True)]
     with GatewayThread(exports, state_dir=tmp_path / "state", s3=seaweed.store_kwargs()) as g:
         yield g
 

@@ -121,7 +121,7 @@ def at_a_dead_endpoint(
     }
     gw = GatewayProcess(
         tmp_path,
-        [{"path": "/data", "backend": "s3://nosuchbucket/"}],
+        [{"path": "/data", "backend": "s3://nosuchbucket/", "insecure": True}],
         sections={**STATE, "s3": {"endpoint_url": dead}},
         env=env,
         startup_timeout_s=30,
@@ -170,7 +170,7 @@ def test_a_missing_bucket_then_created(seaweed: SeaweedServer, tmp_path: Path) -
     bucket = f"t-{uuid.uuid4().hex[:16]}"
     gw = GatewayProcess(
         tmp_path,
-        [{"path": "/data", "backend": f"s3://{bucket}/ds/"}],
+        [{"path": "/data", "backend": f"s3://{bucket}/ds/", "insecure": True}],
         sections=STATE,
         s3=seaweed,
         startup_timeout_s=30,
@@ -206,7 +206,7 @@ def test_refused_credentials(
     )
     gw = GatewayProcess(
         tmp_path,
-        [{"path": "/data", "backend": f"s3://{s3_bucket}/"}],
+        [{"path": "/data", "backend": f"s3://{s3_bucket}/", "insecure": True}],
         sections=STATE,
         s3=account,
         startup_timeout_s=30,

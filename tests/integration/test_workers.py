@@ -74,8 +74,10 @@ def _gateway(
                 "backend": f"s3://{bucket}/ds/",
                 "read_only": read_only,
                 "squash": "none",
+                "insecure": True,
             }
         ],
+        admin_token=True,  # POST /v1/invalidate on TCP needs one
         s3=seaweed,
         workers=2,
     )
@@ -87,7 +89,7 @@ def _json(gw: GatewayProcess, path: str, body: Any = None) -> tuple[int, Any]:
         f"http://127.0.0.1:{gw.admin_port}{path}",
         data=data,
         method="POST" if body is not None else "GET",
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **gw.admin_headers()},
     )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
@@ -184,7 +186,14 @@ def test_the_workers_share_one_data_cache(
     def gateway() -> GatewayProcess:
         return GatewayProcess(
             tmp_path,
-            [{"path": "/data", "backend": f"s3://{bucket}/ds/", "read_only": True}],
+            [
+                {
+                    "path": "/data",
+                    "backend": f"s3://{bucket}/ds/",
+                    "read_only": True,
+                    "insecure": True,
+                }
+            ],
             s3=seaweed,
             sections={"s3": {"endpoint_url": proxy.endpoint_url}},
             workers=2,
@@ -227,7 +236,7 @@ def test_without_a_shared_cache_the_gateway_serves_with_one_worker(tmp_path: Pat
     (tree / "c0" / "f.jpg").write_bytes(_body(1))
     gw = GatewayProcess(
         tmp_path,
-        [{"path": "/data", "backend": f"file://{tree}", "read_only": True}],
+        [{"path": "/data", "backend": f"file://{tree}", "read_only": True, "insecure": True}],
         sections={"server": {"workers": 2}, "cache": {"disk": 0}},
         workers=1,  # what it falls back to: wait for the one gateway's start line
     )
@@ -361,7 +370,14 @@ def test_writes_over_several_connections_go_to_one_owner(
 
 def test_sighup_reaches_every_worker(seaweed: SeaweedServer, bucket: str, tmp_path: Path) -> None:
     with _gateway(tmp_path, seaweed, bucket, read_only=True) as gw:
-        gw.exports.append({"path": "/more", "backend": f"s3://{bucket}/ds/c2/", "read_only": True})
+        gw.exports.append(
+            {
+                "path": "/more",
+                "backend": f"s3://{bucket}/ds/c2/",
+                "read_only": True,
+                "insecure": True,
+            }
+        )
         gw.write_config()
         gw.send_signal(signal.SIGHUP)
         _wait(lambda: gw.log_path.read_text().count("config_reloaded") >= 2)

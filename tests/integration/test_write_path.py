@@ -169,7 +169,7 @@ def bucket(make_bucket: MakeBucket) -> str:
 
 @pytest.fixture
 def gw(seaweed: SeaweedServer, bucket: str, tmp_path: Path) -> Iterator[GatewayThread]:
-    exports = [ExportConfig("/data", f"s3://{bucket}/ds/", squash="none")]
+    exports = [ExportConfig("/data", f"s3://{bucket}/ds/", squash="none", insecure=True)]
     with GatewayThread(
         exports,
         state_dir=tmp_path / "state",
@@ -356,7 +356,7 @@ def test_unstable_write_lost_by_kill9_is_resent_after_restart(
     data = os.urandom(PART + 4096)  # one full part streams before the crash
     g = GatewayProcess(
         tmp_path,
-        [{"path": "/data", "backend": f"s3://{bucket}/ds/", "squash": "none"}],
+        [{"path": "/data", "backend": f"s3://{bucket}/ds/", "squash": "none", "insecure": True}],
         s3=seaweed,
         sections={
             "server": {"uvloop": False},

@@ -97,8 +97,18 @@ def env(
     gw = GatewayProcess(
         tmp,
         [
-            {"path": "/data", "backend": f"s3://{tree_bucket}/{tree.prefix}", "read_only": True},
-            {"path": "/rw", "backend": f"s3://{tree_bucket}/faults-rw/", "squash": "none"},
+            {
+                "path": "/data",
+                "backend": f"s3://{tree_bucket}/{tree.prefix}",
+                "read_only": True,
+                "insecure": True,
+            },
+            {
+                "path": "/rw",
+                "backend": f"s3://{tree_bucket}/faults-rw/",
+                "squash": "none",
+                "insecure": True,
+            },
         ],
         s3=seaweed,
         sections={

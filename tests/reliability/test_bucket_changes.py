@@ -101,7 +101,11 @@ def env(seaweed: SeaweedServer, tmp_path: Path) -> Iterator[Env]:
     clock = OffsetClock()
     try:
         with GatewayThread(
-            [ExportConfig("/data", f"s3://{bucket}/ds/", read_only=True, attr_ttl_s=TTL_S)],
+            [
+                ExportConfig(
+                    "/data", f"s3://{bucket}/ds/", read_only=True, attr_ttl_s=TTL_S, insecure=True
+                )
+            ],
             state_dir=tmp_path / "state",
             s3=seaweed.store_kwargs(),
             clock=clock,

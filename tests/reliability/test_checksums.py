@@ -219,7 +219,7 @@ def test_the_gateway_answers_io_and_never_serves_a_corrupted_body(
     tmp_path: Path,
 ) -> None:
     s3 = {**seaweed.store_kwargs(), "endpoint_url": thread_proxy.endpoint_url}
-    exports = [ExportConfig("/data", f"s3://{s3_bucket}/", read_only=True)]
+    exports = [ExportConfig("/data", f"s3://{s3_bucket}/", read_only=True, insecure=True)]
     name = "crc32.bin"  # stored with a CRC32, as nfsgw's own uploads are
     with (
         GatewayThread(exports, state_dir=tmp_path / "state", s3=s3) as gw,

@@ -30,7 +30,7 @@ from nfsproto.xdr import Writer
 from tests.harness.memory import ROOT, MemoryGateway
 from tests.harness.stores import GatedStore
 
-EXPORTS = [ExportConfig("/data", "s3://bkt/ds/", squash="none")]
+EXPORTS = [ExportConfig("/data", "s3://bkt/ds/", squash="none", insecure=True)]
 OK = NfsStat3.NFS3_OK
 TIMEOUT_S = 30.0  # a bound on waits for the gateway (never reached when it works)
 

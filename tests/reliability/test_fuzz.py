@@ -77,9 +77,12 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     files = {f"data/d/f{i}.bin": bytes([i]) * (100 * i + 1) for i in range(10)}
     files["data/d/sub/x"] = b"x"
     files["rw/file.bin"] = b"0123456789"
+    # The mutated calls carry AUTH_NONE as well as AUTH_SYS: both exports list it (the
+    # default, sec = ["sys"], answers AUTH_NONE with AUTH_TOOWEAK: tests/unit/ops/test_defaults)
+    both = ("sys", "none")
     exports = [
-        ExportConfig("/data", "s3://b/data/", read_only=True),
-        ExportConfig("/rw", "s3://b/rw/", squash="none"),
+        ExportConfig("/data", "s3://b/data/", read_only=True, sec=both),
+        ExportConfig("/rw", "s3://b/rw/", squash="none", sec=both),
     ]
     loop = LoopThread("fuzz").start()
     gw = MemoryGateway.of(tmp, exports, files=files)

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -87,10 +88,13 @@ def fx(
     seaweed: SeaweedServer, tree: Tree, tree_bucket: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Fixture]:
     tmp: Path = tmp_path_factory.mktemp("tcpfuzz")
+    # Our client connects from an unprivileged port (insecure) and the mutated calls carry
+    # AUTH_NONE as well as AUTH_SYS (sec lists both).
+    tcp: dict[str, Any] = {"insecure": True, "sec": ("sys", "none")}
     exports = [
-        ExportConfig("/data", f"s3://{tree_bucket}/{tree.prefix}", read_only=True),
+        ExportConfig("/data", f"s3://{tree_bucket}/{tree.prefix}", read_only=True, **tcp),
         # writes land in a scratch prefix of the same bucket, never under the tree
-        ExportConfig("/rw", f"s3://{tree_bucket}/scratch/", squash="none"),
+        ExportConfig("/rw", f"s3://{tree_bucket}/scratch/", squash="none", **tcp),
     ]
     with (
         GatewayThread(

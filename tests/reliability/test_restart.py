@@ -58,8 +58,14 @@ def gw(
                 "path": "/train",
                 "backend": f"s3://{tree_bucket}/{tree.prefix}train/",
                 "read_only": True,
+                "insecure": True,
             },
-            {"path": "/data", "backend": f"s3://{tree_bucket}/{tree.prefix}", "read_only": True},
+            {
+                "path": "/data",
+                "backend": f"s3://{tree_bucket}/{tree.prefix}",
+                "read_only": True,
+                "insecure": True,
+            },
         ],
         s3=seaweed,
     )

@@ -77,14 +77,15 @@ def env(
     seaweed.boto3_client().put_object(Bucket=tree_bucket, Key="secret/key.txt", Body=b"secret")
     tmp: Path = tmp_path_factory.mktemp("security")
     exports = [
-        ExportConfig("/data", f"s3://{tree_bucket}/{tree.prefix}", read_only=True),
+        ExportConfig("/data", f"s3://{tree_bucket}/{tree.prefix}", read_only=True, insecure=True),
         ExportConfig(
             "/private",
             f"s3://{tree_bucket}/{tree.prefix}",
             read_only=True,
             clients=(ipaddress.ip_network("10.20.0.0/16"),),
+            insecure=True,
         ),
-        ExportConfig("/squash", f"s3://{tree_bucket}/squash/", dir_mode=0o777),
+        ExportConfig("/squash", f"s3://{tree_bucket}/squash/", dir_mode=0o777, insecure=True),
     ]
     with GatewayThread(exports, state_dir=tmp / "state", s3=seaweed.store_kwargs()) as gw:
         e = Env(gw, tree)
@@ -169,8 +170,8 @@ def test_foreign_handles(
     with (
         GatewayThread(
             [
-                ExportConfig("/data", backend, read_only=True),
-                ExportConfig("/elsewhere", backend, read_only=True),
+                ExportConfig("/data", backend, read_only=True, insecure=True),
+                ExportConfig("/elsewhere", backend, read_only=True, insecure=True),
             ],
             state_dir=tmp_path / "other",
             s3=seaweed.store_kwargs(),
@@ -187,7 +188,7 @@ def test_foreign_handles(
     state = env.gw.config.server.state_dir
     with (
         GatewayThread(
-            [ExportConfig("/elsewhere", backend, read_only=True)],
+            [ExportConfig("/elsewhere", backend, read_only=True, insecure=True)],
             state_dir=state,
             s3=seaweed.store_kwargs(),
         ) as same,

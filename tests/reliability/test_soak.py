@@ -130,7 +130,7 @@ def test_soak(seaweed: SeaweedServer, dataset: tuple[str, Path], tmp_path: Path)
     bucket, manifest = dataset
     gw = GatewayProcess(
         tmp_path / "gw",
-        [{"path": "/soak", "backend": f"s3://{bucket}/soak/", "read_only": True}],
+        [{"path": "/soak", "backend": f"s3://{bucket}/soak/", "read_only": True, "insecure": True}],
         s3=seaweed,
         sections={
             "cache": {"memory": CACHE, "metadata_memory": METADATA},

@@ -43,12 +43,27 @@ WIRES = [pytest.param(fastwire, id="python")]
 if _fastwire is not None or os.environ.get("NFSGW_REQUIRE_NATIVE") == "1":
     WIRES.append(pytest.param(_fastwire, id="native"))
 
+# Clients connect over TCP from unprivileged ports: each export says insecure. AUTH_NONE is
+# refused (AUTH_TOOWEAK) but on /all, whose sec lists it.
+_TCP = {"insecure": True}
 EXPORTS = (
-    ExportConfig("/data", "s3://bucket/ds/", read_only=True),
-    ExportConfig("/rw", "s3://bucket/rw/", file_mode=0o640, uid=1000, gid=1000),
-    ExportConfig("/all", "s3://bucket/all/", read_only=True, squash="all", file_mode=0o600),
+    ExportConfig("/data", "s3://bucket/ds/", read_only=True, **_TCP),
+    ExportConfig("/rw", "s3://bucket/rw/", file_mode=0o640, uid=1000, gid=1000, **_TCP),
     ExportConfig(
-        "/far", "s3://bucket/far/", read_only=True, clients=(ipaddress.ip_network("10.9.0.0/16"),)
+        "/all",
+        "s3://bucket/all/",
+        read_only=True,
+        squash="all",
+        file_mode=0o600,
+        sec=("sys", "none"),
+        **_TCP,
+    ),
+    ExportConfig(
+        "/far",
+        "s3://bucket/far/",
+        read_only=True,
+        clients=(ipaddress.ip_network("10.9.0.0/16"),),
+        **_TCP,
     ),
 )
 CREDS = [

@@ -12,16 +12,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.ops.config import AdminConfig
 
+TOKEN = "nfsgw-test-token"  # the admin token of the tests' gateways: mutating calls need one
 
-def admin_config(token: str | None = None) -> AdminConfig:
-    """The admin API on a free port of 127.0.0.1."""
+
+def admin_config(token: str | None = TOKEN) -> AdminConfig:
+    """The admin API on a free port of 127.0.0.1, with a bearer token (``TOKEN``) unless
+    ``token=None``: on TCP, reload, invalidate and warm-up need one."""
     return AdminConfig(listen="127.0.0.1:0", token=token)
 
 
 class Http:
-    """The admin API over real HTTP."""
+    """The admin API over real HTTP, with ``token`` (``TOKEN`` by default; None: none)."""
 
-    def __init__(self, port: int, token: str | None = None) -> None:
+    def __init__(self, port: int, token: str | None = TOKEN) -> None:
         self.base = f"http://127.0.0.1:{port}"
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.session = aiohttp.ClientSession()

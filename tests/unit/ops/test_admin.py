@@ -27,6 +27,8 @@ N = 5
 
 
 def data_export(**kw: Any) -> ExportConfig:
+    # its clients connect over TCP from unprivileged ports: says insecure
+    kw.setdefault("insecure", True)
     return ExportConfig("/data", "s3://b/ds/", read_only=True, immutable=True, **kw)
 
 
@@ -137,7 +139,8 @@ async def test_healthz_readyz(tmp_path: Path) -> None:
 async def test_bearer_token(tmp_path: Path) -> None:
     async with gateway(tmp_path, files=files(), admin=admin_config(token="s3cret")) as gw:
         port = gw.server.metrics_port
-        anon, wrong, good = Http(port), Http(port, token="guess"), Http(port, token="s3cret")
+        anon, wrong = Http(port, token=None), Http(port, token="guess")
+        good = Http(port, token="s3cret")
         for path in ("/metrics", "/v1/stats", "/v1/warmup"):
             assert (await anon.get(path))[0] == 401
             assert (await wrong.get(path))[0] == 401
@@ -309,10 +312,11 @@ async def test_error_replies(tmp_path: Path) -> None:
     async with gateway(tmp_path, files=files()) as gw:
         http = Http(gw.server.metrics_port)
         url = http.base + "/v1/invalidate"
+        json_type = {**http.headers, "Content-Type": "application/json"}
         for body, error in ((b"{", "body is not JSON"), (b"[1]", "body must be a JSON object")):
-            async with http.session.post(url, data=body) as r:
+            async with http.session.post(url, data=body, headers=json_type) as r:
                 assert (r.status, await r.json(content_type=None)) == (400, {"error": error})
-        async with http.session.post(url + "?path=/data/d0") as r:
+        async with http.session.post(url + "?path=/data/d0", headers=http.headers) as r:
             assert r.status == 200 and (await r.json())["path"] == "d0"
         for method, path in (
             ("GET", "/v1/warmup/x"),
@@ -320,7 +324,7 @@ async def test_error_replies(tmp_path: Path) -> None:
             ("DELETE", "/v1/warmup/9"),
             ("DELETE", "/v1/warmup/x"),
         ):
-            async with http.session.request(method, http.base + path) as r:
+            async with http.session.request(method, http.base + path, headers=http.headers) as r:
                 assert r.status == 404 and r.content_type == "application/json", (method, path)
                 assert await r.json() == {"error": "no such warm-up"}
         status, body = await http.json("POST", "/v1/invalidate", {"path": "data"})

@@ -329,8 +329,9 @@ def test_admin_token_file(tmp_path: Path) -> None:
     assert [i.where for i in r.warnings] == ["admin.token_file"]  # world-readable
     token.chmod(0o600)
     no_token = text.replace(f'token_file = "{token}"', "")
-    r = check_config(write(tmp_path, no_token))
-    assert [i.where for i in r.warnings] == ["admin.listen"]  # network without a token
+    r = check_config(write(tmp_path, no_token))  # on the network without a token: no start
+    assert r.config is None and [i.where for i in r.errors] == ["admin.listen"]
+    assert "without a token" in r.errors[0].message and "\n" not in str(r.errors[0])
 
 
 def test_admin_is_on_by_default_with_a_file_only(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ def gate(store: GatedStore) -> Gate:
 
 
 async def test_stop_drains_in_flight_calls(tmp_path: Path, store: GatedStore, gate: Gate) -> None:
-    exports = [ExportConfig("/data", "s3://b/d/")]
+    exports = [ExportConfig("/data", "s3://b/d/", insecure=True)]  # TCP, unprivileged port
     files = {"d/f": b"payload"}
     async with MemoryGateway.of(tmp_path, exports, store=store, files=files) as gw:
         server = gw.server
@@ -74,7 +74,7 @@ async def test_stop_drains_in_flight_calls(tmp_path: Path, store: GatedStore, ga
 
 
 async def test_stop_gives_up_at_the_deadline(tmp_path: Path, store: GatedStore, gate: Gate) -> None:
-    exports = [ExportConfig("/data", "s3://b/d/")]
+    exports = [ExportConfig("/data", "s3://b/d/", insecure=True)]  # TCP, unprivileged port
     files = {"d/f": b"payload"}
     async with MemoryGateway.of(tmp_path, exports, store=store, files=files) as gw:
         server = gw.server
@@ -104,6 +104,7 @@ memory = "64M"
 path = "/data"
 backend = "s3://b/d/"
 clients = ["127.0.0.0/8"]
+insecure = true  # the test's client connects from an unprivileged port
 attr_ttl_s = 60
 {extra}
 """
@@ -112,6 +113,7 @@ MORE = """\
 path = "/more"
 backend = "s3://b/more/"
 clients = ["127.0.0.0/8"]
+insecure = true
 """
 
 
@@ -123,7 +125,9 @@ async def test_reload_from_the_file(tmp_path: Path) -> None:
         server = gw.server
         c = await gw.connect()
         root = await c.mount(b"/data")
-        assert (await c.mnt(b"/more")).status == mount3.MountStat3.MNT3ERR_NOENT
+        assert (
+            await c.mnt(b"/more")
+        ).status == mount3.MountStat3.MNT3ERR_ACCES  # no such export: as refused
         # add an export and change the TTL of another (a fresh index for it)
         path.write_text(TOML.format(state=tmp_path / "state", extra=MORE).replace("= 60", "= 5"))
         data_ns = server.gateway.by_path["/data"].ns  # type: ignore[union-attr]
@@ -177,7 +181,7 @@ async def test_signals(tmp_path: Path) -> None:
 
 
 async def test_connection_limit(tmp_path: Path) -> None:
-    exports = [ExportConfig("/data", "s3://b/d/")]
+    exports = [ExportConfig("/data", "s3://b/d/", insecure=True)]  # TCP, unprivileged port
     files = {"d/f": b"1"}
     async with MemoryGateway.of(tmp_path, exports, files=files, server_max_connections=2) as gw:
         server = gw.server
@@ -200,7 +204,7 @@ async def test_connection_limit(tmp_path: Path) -> None:
 async def test_stop_uploads_staged_writes(tmp_path: Path) -> None:
     from nfsproto import nfs3
 
-    exports = [ExportConfig("/rw", "s3://b/rw/", squash="none")]
+    exports = [ExportConfig("/rw", "s3://b/rw/", squash="none", insecure=True)]
     async with MemoryGateway.of(tmp_path, exports, files={"rw/keep": b"k"}) as gw:
         c = await gw.connect()
         root = await c.mount(b"/rw")

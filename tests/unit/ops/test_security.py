@@ -45,9 +45,11 @@ def gateway(tmp_path: Path, cfgs: list[ExportConfig] | None = None, **kw: Any) -
 
 def exports() -> list[ExportConfig]:
     return [
-        ExportConfig("/data", "s3://b/data/", read_only=True, clients=LOCAL),
+        # reached over TCP from unprivileged ports too (test_secure_port): says so
+        ExportConfig("/data", "s3://b/data/", read_only=True, clients=LOCAL, insecure=True),
         ExportConfig("/other", "s3://b/other/", clients=LOCAL),
-        ExportConfig("/private", "s3://b/private/", clients=ELSEWHERE),
+        # over TCP from an unprivileged port after a reload (test_reload_...): says so
+        ExportConfig("/private", "s3://b/private/", clients=ELSEWHERE, insecure=True),
         # objects owned by 1000:1000, rw-r----- / rwxr-x---
         ExportConfig(
             "/team",
@@ -57,8 +59,9 @@ def exports() -> list[ExportConfig]:
             gid=1000,
             file_mode=0o640,
             dir_mode=0o750,
+            sec=("sys", "none"),  # AUTH_NONE callers are tested as nobody
         ),
-        ExportConfig("/secure", "s3://b/secure/", clients=LOCAL, secure_port=True),
+        ExportConfig("/secure", "s3://b/secure/", clients=LOCAL),  # secure: the default
     ]
 
 
