@@ -12,15 +12,20 @@
 - ``thread_proxy``: a ``tests.harness.proxy.ThreadProxy`` (a ``FaultProxy`` on a loop thread of
   its own, seed 0) in front of ``seaweed``: faults and request counts for threaded gateways.
 - ``local_store``: a ``LocalStore`` over ``tmp_path / "export"``.
+- (autouse) every test starts with the logging configuration the session started with:
+  a test that configures structlog or the root logger (``gateway.ops.logs.configure``) leaves
+  no level or stream behind for the tests after it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import structlog
 
 from loadgen.seaweed import SeaweedServer, find_weed
 
@@ -30,6 +35,16 @@ if TYPE_CHECKING:
     from loadgen.proxy import DelayProxy
     from tests.harness.buckets import MakeBucket
     from tests.harness.proxy import ThreadProxy
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    config = structlog.get_config()
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    yield
+    structlog.configure(**config)
+    root.handlers[:], root.level = saved
 
 
 @pytest.fixture(scope="session")
