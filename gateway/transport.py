@@ -7,13 +7,18 @@ reading; a record over ``max_record`` closes it (the stream cannot be resynchron
 partial record that makes no progress for ``stall_timeout_s`` while we are reading closes it
 (bytes arriving are progress; time spent with reading paused by our own in-flight bound is
 not the client's stall).
+
+At a connection limit the listener makes room (``make_room``) by closing the oldest connection
+that never had a call answered, else the one idle longest; ``close_idle`` closes connections
+idle past ``[server] idle_timeout_s`` (knfsd's rules: a full table or an idle peer never locks
+real clients out).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -120,6 +125,12 @@ class RpcConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self.peer = Peer("?", 0, 0)
         self.calls = 0
+        self.answered = 0  # calls that got a reply: 0 = never carried a call we answered
+        self.opened_at = 0.0  # loop times
+        self.active_at = 0.0  # of the last record in or reply out
+        # Called in ``connection_made`` once the peer is known: False closes the connection
+        # at once (the listener's per-address cap).
+        self.admit: Callable[[RpcConnection], bool] | None = None
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -131,6 +142,11 @@ class RpcConnection(asyncio.Protocol):
             self.peer = Peer(str(pn[0]), int(pn[1]), int(sn[1]))
         else:  # a Unix socket: the link from another worker (gateway.forward)
             self.peer = Peer("local", 0, 0)
+        self.opened_at = self.active_at = asyncio.get_running_loop().time()
+        if self.admit is not None and not self.admit(self):
+            self._closing = True
+            self._transport.abort()
+            return
         if self._fast is not None:
             self._session = self._fast.session(self.peer)
         self._connections.add(self)
@@ -144,6 +160,8 @@ class RpcConnection(asyncio.Protocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self not in self._connections:  # refused in connection_made: never counted
+            return
         self._closing = True
         self._connections.discard(self)
         self._stats.open -= 1
@@ -174,6 +192,7 @@ class RpcConnection(asyncio.Protocol):
         if self._fast is not None and records and self._can_write.is_set():
             records = self._answer_fast(records)
         if records:
+            self.active_at = asyncio.get_running_loop().time()
             self._queue.extend(records)
             self._start_queued()
         self._arm_stall_timer()
@@ -192,6 +211,7 @@ class RpcConnection(asyncio.Protocol):
             else:
                 out += reply
                 self.calls += 1
+                self.answered += 1
         if out and self._transport is not None and not self._closing:
             n = 0
             for b in out:
@@ -233,6 +253,8 @@ class RpcConnection(asyncio.Protocol):
         reply = await self._handler(record, self.peer)
         if reply is None or self._closing:
             return
+        self.answered += 1
+        self.active_at = asyncio.get_running_loop().time()
         if not self._can_write.is_set():
             await self._can_write.wait()
         if self._closing or self._transport is None:
@@ -295,6 +317,18 @@ class RpcConnection(asyncio.Protocol):
         log.warning("record_stalled", client=self.peer.host, pending=self._reader.pending_bytes())
         self.abort()
 
+    @property
+    def idle(self) -> bool:
+        """No call running or queued, no partial record and nothing unsent."""
+        if self._tasks or self._queue or self._out or self._reader.pending_bytes():
+            return False
+        t = self._transport
+        return t is None or t.get_write_buffer_size() == 0
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
     def abort(self) -> None:
         self._closing = True
         if self._transport is not None:
@@ -312,3 +346,24 @@ class RpcConnection(asyncio.Protocol):
             await asyncio.wait(set(self._tasks))
         if self._transport is not None:
             self._transport.close()
+
+
+def make_room(connections: Collection[RpcConnection]) -> RpcConnection | None:
+    """The connection to close so a new one fits: the oldest that never had a call answered,
+    else the one idle longest; None when every connection is busy (the new one is refused)."""
+    never = [c for c in connections if not c.answered and not c.closing]
+    if never:
+        return min(never, key=lambda c: c.opened_at)
+    idle = [c for c in connections if c.idle and not c.closing]
+    return min(idle, key=lambda c: c.active_at) if idle else None
+
+
+def close_idle(connections: Collection[RpcConnection], now: float, idle_timeout_s: float) -> int:
+    """Abort the connections idle for ``idle_timeout_s`` (loop time ``now``); how many."""
+    stale = [
+        c for c in connections if not c.closing and c.idle and now - c.active_at >= idle_timeout_s
+    ]
+    for c in stale:
+        log.info("connection_idle_closed", client=c.peer.host, client_port=c.peer.port)
+        c.abort()
+    return len(stale)

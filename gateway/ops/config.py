@@ -196,6 +196,25 @@ class ServerSettings:
             int_in(1, 1 << 20), "client connections", flag="--max-connections", reload="live"
         ),
     )
+    max_connections_per_address: int = field(
+        default=256,
+        metadata=setting(
+            int_in(1, 1 << 20),
+            "client connections from one address (a node's mounts with nconnect fit)",
+            flag="--max-connections-per-address",
+            reload="live",
+        ),
+    )
+    idle_timeout_s: float = field(
+        default=360.0,
+        metadata=setting(
+            seconds(),
+            "seconds a connection may stay idle (no call, nothing unsent) before it is closed "
+            "(knfsd's 6 minutes; 0: never)",
+            flag="--idle-timeout",
+            reload="live",
+        ),
+    )
     transport: TransportLimits = field(default_factory=TransportLimits, metadata=INLINE)
     nfs: NfsConfig = field(default_factory=NfsConfig, metadata=INLINE)
     drain_timeout_s: float = field(

@@ -563,8 +563,15 @@ METRICS: tuple[MetricDef, ...] = (
     # -- the process: ServerStats ---------------------------------------------------------
     _M("nfsgw_exports", GAUGE, "Exports served", (), _F("server", "exports"), merge=MAX),
     _M("nfsgw_connections_refused_total", COUNTER,
-       "Connections closed at once because max_connections were open", (),
+       "Connections closed at once: max_connections (or per address) reached, all busy", (),
        _F("server", "connections_refused")),
+    _M("nfsgw_connections_evicted_total", COUNTER,
+       "Connections closed to make room for a new one at max_connections or "
+       "max_connections_per_address (never-answered first, else the longest idle)", (),
+       _F("server", "connections_evicted")),
+    _M("nfsgw_connections_idle_closed_total", COUNTER,
+       "Connections closed after idle_timeout_s without a call", (),
+       _F("server", "connections_idle_closed")),
     _M("nfsgw_config_reloads_total", COUNTER, "Configuration reloads by outcome", ("outcome",),
        PerLabel("server", (("error", "reloads_error"), ("ok", "reloads_ok")))),
     _M("nfsgw_data_cache_budget_bytes", GAUGE, "Data cache budget", (),

@@ -66,6 +66,8 @@ class ServerStats:
 
     exports: int = 0
     connections_refused: int = 0
+    connections_evicted: int = 0
+    connections_idle_closed: int = 0
     reloads_ok: int = 0
     reloads_error: int = 0
     data_cache_budget_bytes: int = 0

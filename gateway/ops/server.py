@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import errno
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any
 
 import structlog
@@ -60,7 +60,13 @@ from gateway.ops.warmup import Warmups
 from gateway.ops.workers import WorkerRole, until_signalled
 from gateway.pack.store import PackConfig, PackedStore
 from gateway.registry import Gateway
-from gateway.transport import CallHandler, ConnectionStats, RpcConnection
+from gateway.transport import (
+    CallHandler,
+    ConnectionStats,
+    RpcConnection,
+    close_idle,
+    make_room,
+)
 from nfsproto import mount3, nfs3, portmap
 
 log = structlog.get_logger(__name__)
@@ -126,6 +132,8 @@ class Server:
         self.started = False
         self.stopping = False
         self.refused_connections = 0
+        self.evicted_connections = 0
+        self.idle_closed_connections = 0
         self.reloads = {"ok": 0, "error": 0}
         self.last_reload_error: list[str] = []
         self._reload_lock = asyncio.Lock()
@@ -188,16 +196,12 @@ class Server:
             handler = Router(self.dispatcher, gw, self._link).handle
 
         def factory() -> asyncio.Protocol:
-            if len(self.connections) >= self.config.server.max_connections:
-                self.refused_connections += 1
-                if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
-                    log.warning(
-                        "connection_refused",
-                        limit=self.config.server.max_connections,
-                        refused=self.refused_connections,
-                    )
+            full = len(self.connections) >= self.config.server.max_connections
+            if full and not self._make_room(self.connections, "max_connections"):
                 return _Refused()
-            return RpcConnection(handler, limits, self.conn_stats, self.connections, fast)
+            conn = RpcConnection(handler, limits, self.conn_stats, self.connections, fast)
+            conn.admit = self._admit
+            return conn
 
         # Workers share the port: the kernel spreads connections over their listeners.
         srv = await loop.create_server(
@@ -246,6 +250,7 @@ class Server:
             not_answering=self._not_answering() or None,
         )
         self.notifier.start_watchdog()
+        self._spawn(self._close_idle_connections(), "close-idle-connections")
         self._announce = loop.create_task(self._announce_ready(), name="announce-ready")
 
     @staticmethod
@@ -342,6 +347,43 @@ class Server:
         assert self._exports is not None, "start() builds the exports"
         return self._exports.build(ec, self.config)
 
+    def _make_room(self, among: Collection[RpcConnection], limit: str) -> bool:
+        """Close one of ``among`` (``make_room``'s choice) for a new connection; False: every
+        one is busy and the new connection is refused."""
+        victim = make_room(among)
+        if victim is None:
+            self.refused_connections += 1
+            if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
+                log.warning("connection_refused", limit=limit, refused=self.refused_connections)
+            return False
+        self.evicted_connections += 1
+        if self.evicted_connections == 1 or self.evicted_connections % 1000 == 0:
+            log.warning(
+                "connection_evicted",
+                limit=limit,
+                client=victim.peer.host,
+                answered_calls=victim.answered,
+                evicted=self.evicted_connections,
+            )
+        victim.abort()
+        return True
+
+    def _admit(self, conn: RpcConnection) -> bool:
+        """The per-address cap, once the new connection's peer is known."""
+        cap = self.config.server.max_connections_per_address
+        same = [c for c in self.connections if c.peer.host == conn.peer.host and not c.closing]
+        return len(same) < cap or self._make_room(same, "max_connections_per_address")
+
+    async def _close_idle_connections(self) -> None:
+        """Every few seconds, close the connections idle past ``idle_timeout_s``."""
+        loop = asyncio.get_running_loop()
+        while not self.stopping:
+            timeout = self.config.server.idle_timeout_s
+            await asyncio.sleep(min(30.0, timeout / 4) if timeout > 0 else 30.0)
+            if timeout > 0 and not self.stopping:
+                closed = close_idle(self.connections, loop.time(), timeout)
+                self.idle_closed_connections += closed
+
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``coro`` in the background until it ends or the server stops."""
         t = asyncio.get_running_loop().create_task(coro, name=name)
@@ -382,6 +424,8 @@ class Server:
         return ServerStats(
             exports=len(gw.exports) if gw else 0,
             connections_refused=self.refused_connections,
+            connections_evicted=self.evicted_connections,
+            connections_idle_closed=self.idle_closed_connections,
             reloads_ok=self.reloads["ok"],
             reloads_error=self.reloads["error"],
             data_cache_budget_bytes=gw.reader.cache.budget_bytes if gw else 0,

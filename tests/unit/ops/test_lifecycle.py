@@ -180,24 +180,86 @@ async def test_signals(tmp_path: Path) -> None:
     assert signal.getsignal(signal.SIGHUP) in (signal.SIG_DFL, signal.SIG_IGN)
 
 
-async def test_connection_limit(tmp_path: Path) -> None:
+Socket = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _idle_socket(port: int) -> Socket:
+    """A connection that never sends a byte."""
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def _closed_by_peer(sock: Socket, within_s: float = 5.0) -> bool:
+    r, _ = sock
+    try:
+        async with asyncio.timeout(within_s):
+            return await r.read(1) == b""
+    except (ConnectionError, OSError):
+        return True
+
+
+async def test_connection_limit_closes_the_never_answered_first_then_the_longest_idle(
+    tmp_path: Path,
+) -> None:
     exports = [ExportConfig("/data", "s3://b/d/", insecure=True)]  # TCP, unprivileged port
     files = {"d/f": b"1"}
-    async with MemoryGateway.of(tmp_path, exports, files=files, server_max_connections=2) as gw:
+    async with MemoryGateway.of(tmp_path, exports, files=files, server_max_connections=3) as gw:
         server = gw.server
         a = await gw.connect()
-        b = await gw.connect()
         await a.mount(b"/data")
+        silent = await _idle_socket(server.port)  # never sends a call
+        b = await gw.connect()
         await b.mount(b"/data")
+        await _until(lambda: len(server.connections) == 3)
+        # full: a new client is served, and the silent connection (not a, older) made room
         c = await gw.connect()
-        with pytest.raises((ConnectionError, OSError)):
-            await c.mount(b"/data")
-        assert server.refused_connections == 1
-        await a.close()
-        await _until(lambda: len(server.connections) == 1)
+        await c.mount(b"/data")
+        assert await _closed_by_peer(silent)
+        assert server.evicted_connections == 1 and server.refused_connections == 0
+        await a.mount(b"/data")  # a was answered: kept
+        await _until(lambda: len(server.connections) == 3)
+        # full again, every one answered: the one idle longest (b) goes
         d = await gw.connect()
         await d.mount(b"/data")
-        for cl in (b, c, d):
+        assert server.evicted_connections == 2
+        with pytest.raises((ConnectionError, OSError, asyncio.IncompleteReadError)):
+            await b.mount(b"/data")
+        for cl in (a, c, d):
+            await cl.mount(b"/data")
+        for cl in (a, b, c, d):
+            await cl.close()
+        silent[1].close()
+
+
+async def test_per_address_cap_and_idle_timeout(tmp_path: Path) -> None:
+    exports = [ExportConfig("/data", "s3://b/d/", insecure=True)]
+    files = {"d/f": b"1"}
+    async with MemoryGateway.of(
+        tmp_path,
+        exports,
+        files=files,
+        server_max_connections_per_address=2,
+        server_idle_timeout_s=0.4,
+    ) as gw:
+        server = gw.server
+        silent = [await _idle_socket(server.port) for _ in range(5)]
+        # two per address: the silent ones made room for each other, the client gets in
+        a = await gw.connect()
+        await a.mount(b"/data")
+        await _until(lambda: len(server.connections) <= 2)
+        assert server.evicted_connections >= 4
+        closed = [await _closed_by_peer(w, 0.5) for w in silent[:-1]]
+        assert all(closed)
+        # idle past the timeout: the last silent one and the client's, both closed
+        await _until(lambda: not server.connections)
+        assert server.idle_closed_connections == 2
+        assert await _closed_by_peer(silent[-1])
+        with pytest.raises((ConnectionError, OSError, asyncio.IncompleteReadError)):
+            await a.mount(b"/data")
+        b = await gw.connect()  # a new one is served as ever
+        await b.mount(b"/data")
+        for _, w in silent:
+            w.close()
+        for cl in (a, b):
             await cl.close()
 
 
