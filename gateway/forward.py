@@ -270,6 +270,8 @@ async def serve_owner_link(
         max_record=limits.max_record + 512,
         max_inflight=MAX_ROUTED_INFLIGHT,
         stall_timeout_s=limits.stall_timeout_s,
+        record_deadline_s=limits.record_deadline_s,
+        partial_record_budget=limits.partial_record_budget,
     )
     handler = owner_handler(local)
     st = stats or ConnectionStats()

@@ -25,7 +25,7 @@ from typing import Any, Protocol, cast
 import structlog
 
 from gateway.fastwire import record_reader
-from gateway.settings import MiB, int_in, setting, size
+from gateway.settings import MiB, int_in, seconds, setting, size
 from nfsproto.rpc import DEFAULT_MAX_RECORD, RecordError, frame
 from nfsproto.xdr import Buffer
 
@@ -75,13 +75,42 @@ class TransportLimits:
             flag="--max-inflight",
         ),
     )
+    record_deadline_s: float = field(
+        default=30.0,
+        metadata=setting(
+            seconds(0.001),
+            "seconds a record may take from its first byte to its last; a slower one closes "
+            "its connection (a drip-fed record holds its bytes no longer)",
+            flag="--record-deadline",
+        ),
+    )
+    partial_record_budget: int = field(
+        default=64 * MiB,
+        metadata=setting(
+            size(64 << 10, 1 << 40),
+            "bytes all connections may hold in partial records; past it the connection with "
+            "the oldest partial record is closed",
+            flag="--partial-record-budget",
+        ),
+    )
     stall_timeout_s: float = 60.0
 
 
 class ConnectionStats:
     """Shared counters across connections (read by metrics)."""
 
-    __slots__ = ("bytes_in", "bytes_out", "closed", "inflight", "open", "opened", "oversized")
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "closed",
+        "inflight",
+        "open",
+        "opened",
+        "oversized",
+        "over_budget",
+        "over_deadline",
+        "partial_bytes",
+    )
 
     def __init__(self) -> None:
         self.open = 0
@@ -91,6 +120,9 @@ class ConnectionStats:
         self.bytes_in = 0
         self.bytes_out = 0
         self.oversized = 0
+        self.partial_bytes = 0  # held by partial records, all connections
+        self.over_budget = 0  # connections closed: partial_record_budget
+        self.over_deadline = 0  # connections closed: record_deadline_s
 
 
 class RpcConnection(asyncio.Protocol):
@@ -119,6 +151,8 @@ class RpcConnection(asyncio.Protocol):
         self._can_write.set()
         self._stall: asyncio.TimerHandle | None = None
         self._progress_at = 0.0  # loop time of the last bytes of a partial record
+        self._partial = 0  # bytes of the partial record, as charged to stats.partial_bytes
+        self.partial_since = 0.0  # loop time the partial record began
         self._closing = False
         self._draining = False
         self._out: list[Buffer] = []
@@ -164,6 +198,8 @@ class RpcConnection(asyncio.Protocol):
             return
         self._closing = True
         self._connections.discard(self)
+        self._stats.partial_bytes -= self._partial
+        self._partial = 0
         self._stats.open -= 1
         self._stats.closed += 1
         if self._stall is not None:
@@ -196,6 +232,33 @@ class RpcConnection(asyncio.Protocol):
             self._queue.extend(records)
             self._start_queued()
         self._arm_stall_timer()
+        self._charge_partial()
+
+    def _charge_partial(self) -> None:
+        """Charge the partial record to the shared budget; past it, close the connection
+        whose partial record is oldest (this one, or another)."""
+        pending = self._reader.pending_bytes() if not self._closing else 0
+        if pending and not self._partial:
+            self.partial_since = asyncio.get_running_loop().time()
+        st = self._stats
+        st.partial_bytes += pending - self._partial
+        self._partial = pending
+        while st.partial_bytes > self._limits.partial_record_budget:
+            held = [c for c in self._connections if c._partial and not c._closing]
+            if not held:
+                return
+            oldest = min(held, key=lambda c: c.partial_since)
+            st.over_budget += 1
+            log.warning(
+                "record_over_budget",
+                client=oldest.peer.host,
+                pending=oldest._partial,
+                held=st.partial_bytes,
+                budget=self._limits.partial_record_budget,
+            )
+            st.partial_bytes -= oldest._partial
+            oldest._partial = 0
+            oldest.abort()
 
     def _answer_fast(self, records: list[Buffer]) -> list[Buffer]:
         """Answer what the fast path can, all in one ``writelines``; the rest, in order."""
@@ -247,7 +310,7 @@ class RpcConnection(asyncio.Protocol):
             self._transport.resume_reading()
             self._paused_reading = False
             # A partial record waited while we did not read: its stall clock starts again.
-            self._progress_at = asyncio.get_running_loop().time()
+            self._progress_at = self.partial_since = asyncio.get_running_loop().time()
 
     async def _run_call(self, record: Buffer) -> None:
         reply = await self._handler(record, self.peer)
@@ -300,18 +363,29 @@ class RpcConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._progress_at = loop.time()
         if self._stall is None:
-            self._stall = loop.call_later(self._limits.stall_timeout_s, self._stalled)
+            first = min(self._limits.stall_timeout_s, self._limits.record_deadline_s)
+            self._stall = loop.call_later(first, self._stalled)
 
     def _stalled(self) -> None:
         self._stall = None
         if self._closing or not self._reader.pending_bytes():
             return
         loop = asyncio.get_running_loop()
-        idle = loop.time() - self._progress_at
+        now = loop.time()
+        late = now - self.partial_since >= self._limits.record_deadline_s
+        if late and self._partial and not self._paused_reading:
+            self._stats.over_deadline += 1
+            log.warning("record_too_slow", client=self.peer.host, pending=self._partial)
+            self.abort()
+            return
+        idle = now - self._progress_at
         if self._paused_reading or idle < self._limits.stall_timeout_s:
             # Progress since the timer was set, or we are the ones not reading: check again
             # when the record could first count as stalled.
             wait = self._limits.stall_timeout_s - (0.0 if self._paused_reading else idle)
+            if self._partial:
+                wait = min(wait, self.partial_since + self._limits.record_deadline_s - now)
+            wait = max(wait, 0.001)
             self._stall = loop.call_later(wait, self._stalled)
             return
         log.warning("record_stalled", client=self.peer.host, pending=self._reader.pending_bytes())

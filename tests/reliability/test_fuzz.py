@@ -13,6 +13,7 @@ hung call fails the test), and no call ever ends in NFS3ERR_SERVERFAULT (a handl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import struct
 from collections import Counter
@@ -385,6 +386,75 @@ async def test_our_own_back_pressure_is_not_the_clients_stall() -> None:
                 got += [bytes(x) for x in rr.feed(data)]
         assert sorted(x[:4] for x in got) == sorted(x[:4] for x in calls)
         assert c.stats.closed == 0
+    finally:
+        writer.close()
+        srv.close()
+
+
+async def test_partial_records_past_the_budget_close_the_oldest() -> None:
+    """Eight connections each drip a record claiming 1 MiB, 100 KiB held each, against a
+    budget of 256 KiB: the bytes held never pass the budget, the oldest partial records'
+    connections are the ones closed, and a whole call on another connection is answered."""
+    c = _Conn(TransportLimits(partial_record_budget=256 << 10, stall_timeout_s=30))
+    loop = asyncio.get_running_loop()
+    srv = await loop.create_server(
+        lambda: RpcConnection(c.handler, c.limits, c.stats, c.conns), "127.0.0.1", 0
+    )
+    port = srv.sockets[0].getsockname()[1]
+    socks = [await asyncio.open_connection("127.0.0.1", port) for _ in range(8)]
+    try:
+        peak = 0
+        for _, w in socks:
+            w.write(_mark(1 << 20, True) + b"p" * (100 << 10))
+            await w.drain()
+            seen, still = -1, 0
+            while still < 10:  # until the server has read it all: bytes_in settles
+                await asyncio.sleep(0.005)
+                peak = max(peak, c.stats.partial_bytes)
+                still = still + 1 if c.stats.bytes_in == seen else 0
+                seen = c.stats.bytes_in
+        assert peak <= 256 << 10 and c.stats.partial_bytes <= 256 << 10
+        assert c.stats.over_budget == 6  # 100 KiB + 4 each: two fit
+        closed = []
+        for r, _ in socks:
+            try:
+                async with asyncio.timeout(0.2):
+                    closed.append(await r.read(1) == b"")
+            except TimeoutError:
+                closed.append(False)
+        assert closed == [True] * 6 + [False] * 2  # the oldest went first
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        call = struct.pack(">I", 7) + b"\0" * 36
+        w.write(_mark(len(call), True) + call)
+        async with asyncio.timeout(5):
+            assert (await r.readexactly(4 + 24))[4:8] == struct.pack(">I", 7)
+        w.close()
+    finally:
+        for _, w in socks:
+            w.close()
+        srv.close()
+
+
+async def test_partial_records_past_the_deadline_close_their_connection() -> None:
+    """A record dripped a few bytes every 50 ms (never stalled) is closed at the record
+    deadline, not kept for as long as bytes keep coming."""
+    c = _Conn(TransportLimits(record_deadline_s=0.3, stall_timeout_s=30))
+    srv, reader, writer = await c.open()
+    t0 = asyncio.get_running_loop().time()
+    try:
+        writer.write(_mark(1000, True))
+        with contextlib.suppress(ConnectionError):
+            for _ in range(40):  # 2 s of drip, if it were allowed
+                writer.write(b"d" * 5)
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                if c.stats.over_deadline:
+                    break
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""
+        took = asyncio.get_running_loop().time() - t0
+        assert c.stats.over_deadline == 1 and c.stats.closed == 1 and 0.25 <= took < 1.5
+        assert c.stats.partial_bytes == 0
     finally:
         writer.close()
         srv.close()
