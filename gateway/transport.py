@@ -177,7 +177,7 @@ class RpcConnection(asyncio.Protocol):
         else:  # a Unix socket: the link from another worker (gateway.forward)
             self.peer = Peer("local", 0, 0)
         self.opened_at = self.active_at = asyncio.get_running_loop().time()
-        if self.admit is not None and not self.admit(self):
+        if self.admit is not None and not self._admitted():
             self._closing = True
             self._transport.abort()
             return
@@ -192,6 +192,16 @@ class RpcConnection(asyncio.Protocol):
             client_port=self.peer.port,
             local_port=self.peer.local_port,
         )
+
+    def _admitted(self) -> bool:
+        """The server's ``admit`` check; a check that fails closes the connection (logged),
+        it never escapes into the event loop."""
+        assert self.admit is not None
+        try:
+            return self.admit(self)
+        except Exception:
+            log.exception("connection_admit_failed", client=self.peer.host)
+            return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self not in self._connections:  # refused in connection_made: never counted

@@ -205,6 +205,16 @@ class ServerSettings:
             reload="live",
         ),
     )
+    refuse_unknown_peers: bool = field(
+        default=False,
+        metadata=setting(
+            boolean,
+            "close at accept a connection from an address in no export's clients (before it "
+            "can send a byte)",
+            flag="--refuse-unknown-peers",
+            reload="live",
+        ),
+    )
     idle_timeout_s: float = field(
         default=360.0,
         metadata=setting(

@@ -578,6 +578,10 @@ METRICS: tuple[MetricDef, ...] = (
        "Connections closed to make room for a new one at max_connections or "
        "max_connections_per_address (never-answered first, else the longest idle)", (),
        _F("server", "connections_evicted")),
+    _M("nfsgw_connections_refused_peer_total", COUNTER,
+       "Connections closed at accept: the peer is in no export's clients "
+       "(refuse_unknown_peers)", (),
+       _F("server", "connections_refused_peer")),
     _M("nfsgw_connections_idle_closed_total", COUNTER,
        "Connections closed after idle_timeout_s without a call", (),
        _F("server", "connections_idle_closed")),

@@ -67,6 +67,7 @@ class ServerStats:
     exports: int = 0
     connections_refused: int = 0
     connections_evicted: int = 0
+    connections_refused_peer: int = 0
     connections_idle_closed: int = 0
     reloads_ok: int = 0
     reloads_error: int = 0

@@ -133,6 +133,8 @@ class Server:
         self.stopping = False
         self.refused_connections = 0
         self.evicted_connections = 0
+        self.refused_peers = 0
+        self._idle_sweeping = False
         self.idle_closed_connections = 0
         self.reloads = {"ok": 0, "error": 0}
         self.last_reload_error: list[str] = []
@@ -201,6 +203,7 @@ class Server:
                 return _Refused()
             conn = RpcConnection(handler, limits, self.conn_stats, self.connections, fast)
             conn.admit = self._admit
+            self._sweep_idle()
             return conn
 
         # Workers share the port: the kernel spreads connections over their listeners.
@@ -250,7 +253,6 @@ class Server:
             not_answering=self._not_answering() or None,
         )
         self.notifier.start_watchdog()
-        self._spawn(self._close_idle_connections(), "close-idle-connections")
         self._announce = loop.create_task(self._announce_ready(), name="announce-ready")
 
     @staticmethod
@@ -369,20 +371,42 @@ class Server:
         return True
 
     def _admit(self, conn: RpcConnection) -> bool:
-        """The per-address cap, once the new connection's peer is known."""
-        cap = self.config.server.max_connections_per_address
+        """Once the new connection's peer is known: ``refuse_unknown_peers`` (a peer in no
+        export's ``clients``), then the per-address cap."""
+        c = self.config
+        if c.server.refuse_unknown_peers and not any(e.allows(conn.peer.host) for e in c.exports):
+            self.refused_peers += 1
+            if self.refused_peers == 1 or self.refused_peers % 1000 == 0:
+                log.warning(
+                    "connection_refused_peer", client=conn.peer.host, refused=self.refused_peers
+                )
+            return False
+        cap = c.server.max_connections_per_address
         same = [c for c in self.connections if c.peer.host == conn.peer.host and not c.closing]
         return len(same) < cap or self._make_room(same, "max_connections_per_address")
 
+    def _sweep_idle(self) -> None:
+        """Start the idle sweep, unless it runs: it runs while there are connections."""
+        if not self._idle_sweeping and self.config.server.idle_timeout_s > 0:
+            self._idle_sweeping = True
+            self._spawn(self._close_idle_connections(), "close-idle-connections")
+
     async def _close_idle_connections(self) -> None:
-        """Every few seconds, close the connections idle past ``idle_timeout_s``."""
+        """Every few seconds, close the connections idle past ``idle_timeout_s``; ends when
+        no connection is left (the next one starts it again)."""
         loop = asyncio.get_running_loop()
-        while not self.stopping:
-            timeout = self.config.server.idle_timeout_s
-            await asyncio.sleep(min(30.0, timeout / 4) if timeout > 0 else 30.0)
-            if timeout > 0 and not self.stopping:
+        try:
+            while not self.stopping:
+                timeout = self.config.server.idle_timeout_s
+                if timeout <= 0:
+                    return
+                await asyncio.sleep(min(30.0, timeout / 4))
+                if self.stopping or not self.connections:
+                    return
                 closed = close_idle(self.connections, loop.time(), timeout)
                 self.idle_closed_connections += closed
+        finally:
+            self._idle_sweeping = False
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``coro`` in the background until it ends or the server stops."""
@@ -425,6 +449,7 @@ class Server:
             exports=len(gw.exports) if gw else 0,
             connections_refused=self.refused_connections,
             connections_evicted=self.evicted_connections,
+            connections_refused_peer=self.refused_peers,
             connections_idle_closed=self.idle_closed_connections,
             reloads_ok=self.reloads["ok"],
             reloads_error=self.reloads["error"],

@@ -5,6 +5,7 @@ connection limit."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import signal
 from collections.abc import Iterator
@@ -261,6 +262,28 @@ async def test_per_address_cap_and_idle_timeout(tmp_path: Path) -> None:
             w.close()
         for cl in (a, b):
             await cl.close()
+
+
+async def test_refuse_unknown_peers_closes_them_at_accept(tmp_path: Path) -> None:
+    exports = [
+        ExportConfig(
+            "/data", "s3://b/d/", insecure=True, clients=(ipaddress.ip_network("127.0.0.1/32"),)
+        )
+    ]
+    files = {"d/f": b"1"}
+    async with MemoryGateway.of(
+        tmp_path, exports, files=files, server_refuse_unknown_peers=True
+    ) as gw:
+        server = gw.server
+        a = await gw.connect()  # from 127.0.0.1: listed
+        await a.mount(b"/data")
+        # from 127.0.0.2: in no export's clients, closed before a byte is read
+        r, w = await asyncio.open_connection("127.0.0.1", server.port, local_addr=("127.0.0.2", 0))
+        assert await _closed_by_peer((r, w))
+        assert server.refused_peers == 1 and len(server.connections) == 1
+        w.close()
+        await a.mount(b"/data")
+        await a.close()
 
 
 async def test_stop_uploads_staged_writes(tmp_path: Path) -> None:
