@@ -20,16 +20,24 @@ import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 import structlog
 
 from gateway.fastwire import record_reader
 from gateway.settings import MiB, int_in, seconds, setting, size
-from nfsproto.rpc import DEFAULT_MAX_RECORD, RecordError, frame
+from nfsproto.nfs3 import MAX_DATA
+from nfsproto.rpc import RecordError, frame
 from nfsproto.xdr import Buffer
 
 log = structlog.get_logger(__name__)
+
+# A record's largest legitimate size: a WRITE of the largest wsize the gateway can offer
+# (gateway.registry.MAX_IO, 1 MiB: the Linux client's largest) plus the RPC and NFS headers
+# around its data (an AUTH_SYS call's are under 1 KiB). knfsd's bound is the same: its
+# largest payload plus a page or so.
+RECORD_HEADROOM: Final = 64 << 10
+DEFAULT_MAX_RECORD: Final = min(MAX_DATA, 1 << 20) + RECORD_HEADROOM
 
 
 @dataclass(slots=True)
@@ -62,7 +70,8 @@ class TransportLimits:
         default=DEFAULT_MAX_RECORD,
         metadata=setting(
             size(64 << 10, 64 * MiB),
-            "largest RPC record; larger ones close the connection",
+            "largest RPC record (default: the largest wsize plus 64 KiB of headers); larger "
+            "ones close the connection",
             flag="--max-record",
         ),
     )

@@ -354,9 +354,11 @@ def _build(ctx: _Ctx, raw: dict[str, Any], ov: Overrides) -> ServerConfig | None
             ctx.error((name,), str(e))
             sections[name] = cls()
     srv: ServerSettings = sections["server"]
-    if read["server"].ok and srv.transport.max_record < srv.nfs.rsize + RPC_HEADROOM:
+    if read["server"].ok and srv.transport.max_record < srv.nfs.wsize + RPC_HEADROOM:
         ctx.warn(
-            ("server", "max_record"), "smaller than rsize plus headers", "raise it above rsize"
+            ("server", "max_record"),
+            "smaller than wsize plus headers: a client's full-size WRITE closes its connection",
+            "raise it above wsize, or leave it out (wsize plus 64 KiB)",
         )
     sections["admin"] = _admin(ctx, sections["admin"])
 

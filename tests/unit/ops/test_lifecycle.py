@@ -304,3 +304,19 @@ async def test_stop_uploads_staged_writes(tmp_path: Path) -> None:
         assert wr.status == OK and wr.committed == nfs3.StableHow.UNSTABLE
         await gw.server.stop(drain_timeout_s=30)  # no COMMIT was sent
     assert (await gw.store.get("rw/staged")).data == b"hello"
+
+
+def test_max_record_follows_the_largest_wsize(tmp_path: Path) -> None:
+    """The default bound on a record is a full-size WRITE plus headers; a smaller one is
+    warned about by ``check-config``."""
+    from gateway.registry import MAX_IO, NfsConfig
+    from gateway.transport import RECORD_HEADROOM, TransportLimits
+
+    assert TransportLimits().max_record == max(NfsConfig().wsize, MAX_IO) + RECORD_HEADROOM
+    path = tmp_path / "nfsgw.toml"
+    path.write_text(
+        '[server]\nmax_record = "1M"\n\n[[export]]\npath = "/d"\nbackend = "file:///tmp"\n'
+    )
+    _, warnings = load_config(path)
+    warned = [str(w) for w in warnings]
+    assert any("max_record" in w and "wsize" in w for w in warned), warned
