@@ -67,12 +67,14 @@ class InvalidItems(Invalid):
 class Conv(Generic[T]):
     """A converter: ``parse`` turns a TOML (or already typed command-line) value into the
     field's value or raises ``Invalid``; ``cli`` is the argparse ``type`` of its flag,
-    ``choices`` its argparse choices; ``show`` renders a value for help texts."""
+    ``choices`` its argparse choices; ``show`` renders a value for help texts; ``many``: a
+    list, whose flag is repeated (one item each: argparse's ``append``)."""
 
     parse: Callable[[object], T]
     cli: Callable[[str], object] = str
     choices: tuple[str, ...] | None = None
     show: Callable[[T], str] = str
+    many: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.settings import INLINE, boolean, int_in, setting, size
+from gateway.settings import (
+    INLINE,
+    Conv,
+    Invalid,
+    boolean,
+    int_in,
+    optional_string,
+    seconds,
+    setting,
+    size,
+    string,
+)
+from gateway.settings import (
+    url as http_url,
+)
 
 MiB = 1024 * 1024
 
@@ -157,6 +171,102 @@ class PrefetchConfig:
             raise ValueError("browse_quiet_s must be >= 0")
 
 
+def _bucket_url(v: object) -> str | None:
+    s = string.parse(v)
+    if not s:
+        return None
+    from gateway.backend import StoreUrlError, check_store_url
+
+    try:
+        check_store_url(s, object_store=True)
+    except StoreUrlError as e:
+        raise Invalid(str(e), 'e.g. "s3://nfsgw-shared/imagenet/"') from None
+    return s
+
+
+@dataclass(frozen=True, slots=True)
+class SharedConfig:
+    """The shared tier (``gateway.data.shared``): a bucket a fleet of gateways shares, so
+    the fleet fetches each object from the origin once. Off unless ``shared`` is set; reached
+    with its own endpoint, region and credentials (the AWS chain, or ``shared_profile``)."""
+
+    url: str | None = field(
+        default=None,
+        metadata=setting(
+            Conv(_bucket_url),
+            "the fleet's shared cache tier, an S3 bucket (and prefix) every gateway reads "
+            "and fills; off when unset",
+            key="shared",
+            flag="--shared-cache",
+            metavar="s3://BUCKET/PREFIX",
+        ),
+    )
+    endpoint_url: str | None = field(
+        default=None,
+        metadata=setting(
+            http_url,
+            "the shared tier's S3 endpoint (default: AWS's for its region)",
+            key="shared_endpoint_url",
+            flag="--shared-cache-endpoint-url",
+        ),
+    )
+    region: str | None = field(
+        default=None,
+        metadata=setting(
+            optional_string,
+            "the shared tier's region (default: the AWS chain's)",
+            key="shared_region",
+            flag="--shared-cache-region",
+        ),
+    )
+    profile: str | None = field(
+        default=None,
+        metadata=setting(
+            optional_string,
+            "AWS profile for the shared tier's credentials (default: the AWS chain)",
+            key="shared_profile",
+        ),
+    )
+    max_piece: int = field(
+        default=64 * MiB,
+        metadata=setting(
+            size(0, 5 << 30),
+            "larger objects (and pieces) are not put in the shared tier",
+            key="shared_max_piece",
+        ),
+    )
+    max_inflight_puts: int = field(
+        default=16,
+        metadata=setting(
+            int_in(1, 1024), "fills of the shared tier at once", key="shared_max_inflight_puts"
+        ),
+    )
+    max_inflight_bytes: int = field(
+        default=256 * MiB,
+        metadata=setting(
+            size(1 * MiB),
+            "bytes held for fills in flight (past it a fill is skipped)",
+            key="shared_max_inflight_bytes",
+        ),
+    )
+    timeout_s: float = field(
+        default=10.0,
+        metadata=setting(
+            seconds(0.1),
+            "a shared-tier request slower than this is a miss (and a failure)",
+            key="shared_timeout_s",
+        ),
+    )
+    retry_after_s: float = field(
+        default=30.0,
+        metadata=setting(
+            seconds(1.0),
+            "after failures, the shared tier is skipped this long before one request tries again",
+            key="shared_retry_after_s",
+        ),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class DataConfig:
     small_file_max: int = field(
@@ -195,6 +305,7 @@ class DataConfig:
     max_streams_per_object: int = 8
     disk: DiskConfig = field(default_factory=DiskConfig, metadata=INLINE)
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig, metadata=INLINE)
+    shared: SharedConfig = field(default_factory=SharedConfig, metadata=INLINE)
     fetch_timeout_s: float | None = 300.0
     """Safety net around one GET (slot wait excluded); the backend's own timeouts and retries
     should fire first. Expiry fails the waiters with ``BackendUnavailable``."""

@@ -92,6 +92,7 @@ from gateway.data.fetches import (
 from gateway.data.mappings import is_mapping
 from gateway.data.slots import FetchSlots
 from gateway.data.stats import DataStats
+from gateway.data.tiers import Piece, Tier
 from gateway.errors import IoError, VersionChanged
 
 __all__ = ["DataConfig", "ObjectReader", "Version"]
@@ -123,9 +124,13 @@ class ObjectReader:
         disk: DiskStore | None = None,
         *,
         opened: FileOpened | None = None,
+        shared: Tier | None = None,
     ) -> None:
         self.cache: Final = cache
         self.disk: Final = disk
+        self.shared: Final = shared
+        """The fleet's shared tier (``gateway.data.shared``): whole objects a disk miss looks
+        for before the origin, and fills with what the origin sent."""
         self.opened: Final = opened if opened is not None else FileOpened()
         """Told (store name, key, memory hit) at every READ at offset 0 of a small object
         (the data prefetcher's record of what this pass has read, and of whether READs find
@@ -415,24 +420,12 @@ class ObjectReader:
                     claim = await disk.claim(f.dkeys[first_missing(f)])
                     if claim.present and await self._from_disk(disk, f):
                         return
-            await self.slots.acquire(f)
-            stats.inflight_fetches += 1
-            stats.gets += 1
-            try:
-                async with asyncio.timeout(self.config.fetch_timeout_s):
-                    res = await f.store.get(f.key, f.start, f.end, if_match=f.etag)
-            except TimeoutError as exc:
-                raise BackendUnavailable(f"{f.key}: GET timed out") from exc
-            finally:
-                stats.inflight_fetches -= 1
-                self.slots.release(f)
-            if (res.etag and not same_etag(res.etag, f.etag)) or res.size != f.size:
-                raise PreconditionFailed(f"{f.key}: now {res.etag!r} ({res.size} B)")
-            want = (f.size if f.end is None else f.end) - f.start
-            if len(res.data) != want:
-                raise BackendError(f"{f.key}: got {len(res.data)} B for a {want} B range")
-            stats.bytes_fetched += want
-            body = res.data
+            piece = self._shared_piece(f)
+            body = None if piece is None else await self._from_shared(piece)
+            if body is None:
+                body = await self._from_origin(f)
+                if piece is not None:
+                    self._fill_shared(piece, body)
             writes = self._deliver(f, keepable(body))
             if claim is not None and claim.fd >= 0 and writes:
                 # The claim holds until the entries are in place: a waiting worker then
@@ -452,6 +445,51 @@ class ObjectReader:
             if claim is not None:
                 claim.release()
             self._finish(f)
+
+    async def _from_origin(self, f: Fetch) -> bytes | memoryview:
+        """``f``'s bytes from its store: a GET in one of the slots, checked against the
+        version and range asked for."""
+        stats = self.stats
+        await self.slots.acquire(f)
+        stats.inflight_fetches += 1
+        stats.gets += 1
+        try:
+            async with asyncio.timeout(self.config.fetch_timeout_s):
+                res = await f.store.get(f.key, f.start, f.end, if_match=f.etag)
+        except TimeoutError as exc:
+            raise BackendUnavailable(f"{f.key}: GET timed out") from exc
+        finally:
+            stats.inflight_fetches -= 1
+            self.slots.release(f)
+        if (res.etag and not same_etag(res.etag, f.etag)) or res.size != f.size:
+            raise PreconditionFailed(f"{f.key}: now {res.etag!r} ({res.size} B)")
+        want = (f.size if f.end is None else f.end) - f.start
+        if len(res.data) != want:
+            raise BackendError(f"{f.key}: got {len(res.data)} B for a {want} B range")
+        stats.bytes_fetched += want
+        return res.data
+
+    def _shared_piece(self, f: Fetch) -> Piece | None:
+        """The shared-tier piece ``f`` is, when the shared tier keeps it: a whole object of a
+        plain store (a pack member's bytes come from its group: ``fetch_group``)."""
+        if self.shared is None or f.start != 0 or f.end is not None or not f.cacheable:
+            return None
+        if getattr(f.store, "fetch_group", None) is not None:
+            return None
+        return Piece(f.store.name, f.key, f.etag, 0, f.size)
+
+    async def _from_shared(self, piece: Piece) -> bytes | memoryview | None:
+        assert self.shared is not None
+        got = await self.shared.lookup(piece, False)
+        if got is not None and len(got) != piece.length:  # the tier verifies; belt and braces
+            return None
+        return got
+
+    def _fill_shared(self, piece: Piece, body: bytes | memoryview) -> None:
+        """Put what the origin sent in the shared tier, in the background, if it takes it."""
+        assert self.shared is not None
+        if self.shared.admit(piece):
+            self.shared.put(piece, body)
 
     async def _look_on_disk(self, disk: DiskStore, f: Fetch) -> bool:
         """Serve what the disk tier has of ``f`` (``_from_disk``); True when something is

@@ -16,9 +16,9 @@ and fills are skipped while its breaker is open (``Breaker``: a run of failures 
 cooldown, after which one request tries again), and one warning names the cause and the fix.
 
 Owns: the key layout, the metadata and its verification, the fill bounds, the breaker and the
-tier's counters (``SharedStats``). Must not: know who reads (the reader asks ``Tiers``), which
-gateway owns a piece (``owner``, given by ``build()``: the fleet's rendezvous hashing), or how
-the bucket is reached (an ``ObjectStore``, opened by ``build()``).
+tier's counters (``SharedStats``). Must not: know who reads (the reader asks the tier), decide
+which gateway owns a piece (``gateway.data.fleet``), or how the bucket is reached (an
+``ObjectStore``, opened by ``build()``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 import structlog
@@ -41,6 +40,7 @@ from gateway.backend.base import (
     ObjectStore,
 )
 from gateway.backend.checksums import crc64nvme, fast_crcs
+from gateway.data.fleet import Fleet
 from gateway.data.tiers import NO_CLAIM, Claim, Piece
 
 __all__ = ["LAYOUT", "Breaker", "SharedLimits", "SharedStats", "SharedTier", "shared_key"]
@@ -83,7 +83,8 @@ class SharedLimits:
 
 @dataclass(slots=True)
 class SharedStats:
-    """The shared tier's counters (``nfsgw_shared_*`` metrics)."""
+    """The shared tier's counters (``nfsgw_shared_*`` metrics); ``bad_*`` by cause of a
+    refused body, ``skip_*`` by cause of a fill not admitted."""
 
     hits: int = 0
     hit_bytes: int = 0
@@ -91,14 +92,26 @@ class SharedStats:
     fills: int = 0
     fill_bytes: int = 0
     fill_errors: int = 0
+    foreign_fills: int = 0  # fetched from the origin here though another member owns them
     errors: int = 0  # failed requests (lookups and fills), each a breaker failure
     skipped: int = 0  # lookups not sent: the breaker was open
     breaker_trips: int = 0
     breaker_open: int = 0  # 1 while open (a gauge)
-    verify_failed: Counter[str] = field(default_factory=Counter)  # by cause
-    not_admitted: Counter[str] = field(default_factory=Counter)  # by cause
+    bad_length: int = 0
+    bad_metadata: int = 0
+    bad_checksum: int = 0
+    skip_breaker: int = 0
+    skip_too_big: int = 0
+    skip_puts: int = 0
+    skip_bytes: int = 0
     inflight_puts: int = 0
     inflight_bytes: int = 0
+    fleet_members: int = 0  # a gauge (``SharedTier.read_stats``)
+    fleet_changes: int = 0
+
+    def count(self, prefix: str, cause: str) -> None:
+        name = f"{prefix}_{cause}"
+        setattr(self, name, getattr(self, name) + 1)
 
 
 class Breaker:
@@ -165,7 +178,7 @@ def _cause(e: BaseException) -> tuple[str, str]:
 class SharedTier:
     """A ``Tier`` in an S3 bucket shared by a fleet (see the module docstring)."""
 
-    name: Final = "shared"
+    name: str = "shared"
 
     def __init__(
         self,
@@ -175,16 +188,16 @@ class SharedTier:
         origins: Mapping[str, str] | None = None,
         limits: SharedLimits | None = None,
         stats: SharedStats | None = None,
-        owner: Callable[[Piece], bool] | None = None,
+        fleet: Fleet | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.prefix = prefix
-        self.origins = dict(origins or {})
+        self.origins = origins if origins is not None else {}  # filled as exports are built
         self.limits = limits or SharedLimits()
         self.stats = stats or SharedStats()
         self.breaker = Breaker(self.limits.breaker_failures, self.limits.breaker_cooldown_s, clock)
-        self._owner = owner
+        self.fleet = fleet
         self._tasks: set[asyncio.Task[bool]] = set()
         self._warned: set[str] = set()
 
@@ -216,7 +229,7 @@ class SharedTier:
         self._succeeded()
         bad = await self._verify(piece, got)
         if bad is not None:
-            self.stats.verify_failed[bad] += 1
+            self.stats.count("bad", bad)
             self.stats.misses += 1
             if bad not in self._warned:
                 self._warned.add(bad)
@@ -231,15 +244,15 @@ class SharedTier:
         lim, st = self.limits, self.stats
         cause = None
         if self.breaker.is_open:
-            cause = "breaker_open"
+            cause = "breaker"
         elif piece.length > lim.max_piece:
             cause = "too_big"
         elif st.inflight_puts >= lim.max_inflight_puts:
-            cause = "puts_in_flight"
+            cause = "puts"
         elif st.inflight_bytes + piece.length > lim.max_inflight_bytes:
-            cause = "bytes_in_flight"
+            cause = "bytes"
         if cause is not None:
-            st.not_admitted[cause] += 1
+            st.count("skip", cause)
             return False
         st.inflight_puts += 1
         st.inflight_bytes += piece.length
@@ -265,7 +278,7 @@ class SharedTier:
         return NO_CLAIM
 
     def owns(self, piece: Piece) -> bool:
-        return self._owner(piece) if self._owner is not None else True
+        return self.fleet is None or self.fleet.owns(piece)
 
     # -- the rest -----------------------------------------------------------------------------
 
@@ -288,6 +301,8 @@ class SharedTier:
             self._succeeded()
             st.fills += 1
             st.fill_bytes += len(data)
+            if not self.owns(piece):
+                st.foreign_fills += 1
             return True
         finally:
             st.inflight_puts -= 1
@@ -328,6 +343,34 @@ class SharedTier:
                 retry_in_s=self.limits.breaker_cooldown_s,
                 served_from="origin",
             )
+
+    def read_stats(self) -> SharedStats:
+        """The counters, with the fleet's gauges current (what a scrape reads)."""
+        if self.fleet is not None:
+            self.stats.fleet_members = len(self.fleet.members)
+            self.stats.fleet_changes = self.fleet.changes
+        return self.stats
+
+    async def probe(self) -> bool:
+        """At start: whether the bucket answers (a GET of a key nobody writes: "not found"
+        is the answer wanted). A failure is logged once with its fix (``_failed``) and
+        counted like any other; the gateway serves from the origin meanwhile."""
+        try:
+            async with asyncio.timeout(self.limits.timeout_s):
+                await self.store.get(f"{self.prefix}{LAYOUT}/probe", size=0)
+        except ObjectNotFound:
+            pass
+        except (BackendError, OSError, TimeoutError) as e:
+            self._failed("probe", e)
+            return False
+        self._succeeded()
+        log.info(
+            "shared_tier_ready",
+            bucket=self.store.name,
+            prefix=self.prefix,
+            members=len(self.fleet.members) if self.fleet is not None else None,
+        )
+        return True
 
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Wait (bounded) for the fills in flight."""

@@ -26,10 +26,13 @@ import structlog
 
 from gateway.backend import open_store, parse_store_url
 from gateway.backend.base import ObjectStore, RequestObserver
+from gateway.backend.config import RetryPolicy
 from gateway.clock import Clock
 from gateway.data import DataCache, DataStats, DiskStats, ObjectReader, open_disk_tier
 from gateway.data.events import FileOpened
+from gateway.data.fleet import Fleet
 from gateway.data.prefetch import DataPrefetcher, PrefetchStats
+from gateway.data.shared import SharedLimits, SharedTier
 from gateway.dispatch import Dispatcher
 from gateway.exports import Export, ExportConfig, export_id_for
 from gateway.fastpath import FastPath
@@ -65,6 +68,7 @@ class Parts:
     warmups: Warmups
     fastpath: FastPath | None
     exports: ExportBuilder
+    shared: SharedTier | None  # the reader's too; the server probes and closes it
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +85,13 @@ class ExportBuilder:
     pack_config: PackConfig
     store_factory: StoreFactory | None
     spawn: Spawn
+    origins: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Each export store's name -> its origin identity (endpoint and bucket): the shared
+    tier's keys (``gateway.data.shared``), the same on every gateway of a fleet."""
 
     def build(self, ec: ExportConfig, config: ServerConfig) -> Export:
         store = self._store(ec, config)
+        self.origins[store.name] = f"{store.traits.endpoint}|{store.name}"
         prefix = parse_store_url(ec.backend).prefix
         if ec.pack is not None:
             store = self._packed(ec, config, store, prefix)
@@ -209,8 +217,10 @@ async def build(
             consequence="this worker fetches and holds files of its own",
         )
 
+    origins: dict[str, str] = {}  # filled by ExportBuilder, read by the shared tier
+    shared = _shared_tier(c, origins, role, metrics)
     opened = FileOpened()  # the reader says which files READs open; the prefetcher listens
-    reader = ObjectReader(cache, c.cache.reads, data_stats, disk, opened=opened)
+    reader = ObjectReader(cache, c.cache.reads, data_stats, disk, opened=opened, shared=shared)
 
     # A relative spool_dir (the default "spool") is under the state directory. Workers other
     # than the owner never stage writes (calls for read-write exports are routed to the
@@ -234,6 +244,7 @@ async def build(
         pack_config=pack_config,
         store_factory=store_factory,
         spawn=spawn,
+        origins=origins,
     )
     gw = Gateway(c.server.nfs, handles, reader, writes)
     metrics.add_stats("gateway", gw.stats)
@@ -249,7 +260,57 @@ async def build(
         # A worker that is not the owner answers only read-only exports' calls itself.
         fast = FastPath(gw, metrics.call, local_only=role is not None and not role.owner)
         metrics.add_stats("fast", fast.stats)
-    return Parts(gw, reader, writes, prefetcher, warmups, fast, exports)
+    return Parts(gw, reader, writes, prefetcher, warmups, fast, exports, shared)
+
+
+def _shared_tier(
+    c: ServerConfig, origins: dict[str, str], role: WorkerRole | None, metrics: Metrics
+) -> SharedTier | None:
+    """The fleet's shared tier (``gateway.data.shared``) when ``[cache] shared`` names a
+    bucket, reached with its own endpoint, region and credentials (the AWS chain unless
+    ``shared_profile``); its requests fail fast (two attempts): a slow shared tier is a
+    miss, served from the origin. Who owns what: the fleet (``[fleet]``), else everyone."""
+    sc = c.cache.data.shared
+    if sc.url is None:
+        return None
+    store = open_store(
+        sc.url,
+        endpoint_url=sc.endpoint_url,
+        region=sc.region,
+        profile=sc.profile,
+        retry=RetryPolicy(max_attempts=2, deadline_s=sc.timeout_s),
+    )
+    fleet = _fleet(c, role)
+    limits = SharedLimits(
+        max_piece=sc.max_piece,
+        max_inflight_puts=sc.max_inflight_puts,
+        max_inflight_bytes=sc.max_inflight_bytes,
+        breaker_cooldown_s=sc.retry_after_s,
+        timeout_s=sc.timeout_s,
+    )
+    tier = SharedTier(
+        store, parse_store_url(sc.url).prefix, origins=origins, limits=limits, fleet=fleet
+    )
+    metrics.add_stats("shared", tier.read_stats)
+    return tier
+
+
+def _fleet(c: ServerConfig, role: WorkerRole | None) -> Fleet | None:
+    """The fleet's members as ``[fleet]`` names them (None: no fleet, so this gateway owns
+    every object it reads)."""
+    fc = c.fleet
+    if not fc.enabled:
+        return None
+    me = fc.self_ or f"{c.server.listen}:{c.server.port}"
+    fleet = Fleet(me, fc.members, dns=fc.members_dns, resolve_every_s=fc.resolve_every_s)
+    if fc.members and fleet.self_ not in {Fleet(m).self_ for m in fc.members}:
+        log.warning(
+            "fleet_self_not_a_member",
+            self=fleet.self_,
+            members=list(fc.members),
+            fix="set [fleet] self (--fleet-self) to this gateway's entry in members",
+        )
+    return fleet
 
 
 def _prefetcher(

@@ -30,6 +30,7 @@ def add_setting_flag(g: argparse._ArgumentGroup, f: Flag) -> None:
     else:
         g.add_argument(
             f.name,
+            action="append" if conv.many else "store",
             type=conv.cli,
             choices=conv.choices,
             metavar=f.entry.setting.metavar,

@@ -33,6 +33,7 @@ from typing import Any, Final, Literal
 
 from gateway.backend.config import S3Config
 from gateway.data.config import DataConfig
+from gateway.data.fleet import FleetConfig
 from gateway.exports import ExportConfig
 from gateway.namespace.config import NamespaceConfig
 from gateway.ops.logs import LEVELS
@@ -374,6 +375,7 @@ class ServerConfig:
     s3: S3Config = field(default_factory=S3Config, metadata=_table("S3"))
     cache: CacheConfig = field(default_factory=CacheConfig, metadata=_table("caches"))
     writes: WriteConfig = field(default_factory=WriteConfig, metadata=_table("writes"))
+    fleet: FleetConfig = field(default_factory=FleetConfig, metadata=_table("fleet"))
     admin: AdminConfig = field(default_factory=AdminConfig, metadata=_table("admin API and logs"))
     log: LogConfig = field(default_factory=LogConfig, metadata=_table("admin API and logs"))
     source: Path | None = None  # the file this came from (SIGHUP re-reads it)

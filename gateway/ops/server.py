@@ -42,6 +42,7 @@ from gateway.backend import checksums
 from gateway.backend.base import ObjectStore, RequestObserver, StoreWrapper
 from gateway.clock import Clock, SystemClock
 from gateway.data.prefetch import DataPrefetcher, PrefetchStats
+from gateway.data.shared import SharedTier
 from gateway.dispatch import Dispatcher
 from gateway.drc import DuplicateRequestCache
 from gateway.exports import Export, ExportConfig
@@ -113,6 +114,7 @@ class Server:
         self._announce: asyncio.Task[None] | None = None
         self.drc = DuplicateRequestCache(config.server.nfs.drc, self.clock)
         self.prefetcher: DataPrefetcher | None = None
+        self.shared: SharedTier | None = None
         self.fastpath: FastPath | None = None
         self.gc_watch = GcWatch()
         self.prefetch_stats = PrefetchStats()
@@ -166,6 +168,7 @@ class Server:
         self.warmups = parts.warmups
         self.fastpath = fast = parts.fastpath
         self._exports = parts.exports
+        self.shared = parts.shared
         if (
             checksums.compiled_missing()
             and not crc.failed
@@ -182,6 +185,8 @@ class Server:
         self.gc_watch.install()
         if self.prefetcher is not None:
             self.prefetcher.start()
+        if self.shared is not None:
+            self._spawn(self._start_shared(self.shared), "shared-tier")
 
         loop = asyncio.get_running_loop()
         limits = c.server.transport
@@ -407,6 +412,14 @@ class Server:
                 self.idle_closed_connections += closed
         finally:
             self._idle_sweeping = False
+
+    @staticmethod
+    async def _start_shared(shared: SharedTier) -> None:
+        """Probe the shared tier once (one line either way), then keep the fleet's members
+        current while the server runs."""
+        await shared.probe()
+        if shared.fleet is not None:
+            await shared.fleet.run()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``coro`` in the background until it ends or the server stops."""
@@ -642,6 +655,8 @@ class Server:
             if self.prefetcher is not None:
                 await self.prefetcher.close()
             await self.gateway.reader.close()
+            if self.shared is not None:
+                await self.shared.close()
             if self.gateway.reader.disk is not None:
                 await self.gateway.reader.disk.close()
             for export in [*self.gateway.exports.values(), *self._retired_exports]:

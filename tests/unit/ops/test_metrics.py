@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.data import DataStats, DiskStats
 from gateway.data.prefetch import PrefetchStats
+from gateway.data.shared import SharedStats
 from gateway.drc import DrcStats
 from gateway.fastpath import FastStats
 from gateway.forward import RouteStats
@@ -48,6 +49,7 @@ LAYERS: dict[str, type] = {
     "fast": FastStats,
     "pack": PackStats,
     "gc": GcStats,
+    "shared": SharedStats,
 }
 
 
