@@ -55,6 +55,11 @@ room there is), or know about NFS.
   (local backend). The directories it listed are queued and fetched once it is over, or as
   soon as a READ shows files being read (the training loop after ImageFolder's scan); a scan
   by LOOKUP alone does not pause it.
+- **A fleet first fetches what it owns.** With a shared tier and a fleet (``owns``), each
+  directory is walked twice: first the files this gateway owns (rendezvous hashing,
+  ``gateway.data.fleet``), fetched from the origin and put in the shared tier, then the others,
+  which by then the shared tier mostly holds (the reader looks there first). Gateways in a
+  concurrent cold epoch so fetch different files from the origin instead of the same ones.
 - **Polite.** At most ``prefetch_concurrency`` objects and ``prefetch_inflight`` bytes at
   once. A backend request retried anywhere in the gateway (503, SlowDown, a connection
   error: ``pressure``) halves the concurrency and pauses the prefetcher (0.5 s, doubling to
@@ -153,7 +158,7 @@ class PrefetchStats:
 class _Dir:
     __slots__ = (
         "store", "prefix", "cols", "skip", "bits", "files", "cursor", "start", "queued",
-        "read_in",
+        "read_in", "span",
     )  # fmt: skip
 
     def __init__(
@@ -164,6 +169,7 @@ class _Dir:
         skip: Callable[[str], bool] | None,
         small: int,
         share: tuple[int, int] = (0, 1),
+        phases: int = 1,
     ) -> None:
         self.store = store
         self.prefix = prefix
@@ -176,7 +182,9 @@ class _Dir:
             for k, z in zip(cols.kinds, cols.sizes, strict=True)
             if k == KIND_FILE and 0 < z <= small
         )
-        self.cursor = 0  # rows looked at
+        self.cursor = 0  # rows looked at, over all phases
+        # With a fleet, two walks (phases): the files this gateway owns, then the others.
+        self.span = cols.n * phases
         # The row the walk starts at (then wraps around): worker I of N starts I/N of the way
         # in, so the workers prefetching one directory begin on different files.
         self.start = cols.n * share[0] // share[1]
@@ -198,8 +206,12 @@ class DataPrefetcher:
         share: tuple[int, int] = (0, 1),
         opened: FileOpened | None = None,
         clock: Clock | None = None,
+        owns: Callable[[str, str, str], bool] | None = None,
     ) -> None:
         self._reader = reader
+        # (store name, key, ETag) -> whether this gateway fetches it for a fleet: walks take
+        # the owned files first, then the others (found in the shared tier by then, mostly).
+        self._owns = owns
         self._clock = clock if clock is not None else SystemClock()
         self._cache = reader.cache
         self._cfg = cfg = config if config is not None else PrefetchConfig()
@@ -262,7 +274,9 @@ class DataPrefetcher:
     ) -> None:
         """A directory was listed: (re)register it and queue its files for this pass."""
         k = (store.name, key_prefix)
-        d = _Dir(store, key_prefix, cols, skip, self._reader.config.small_file_max, self._share)
+        phases = 1 if self._owns is None else 2
+        small = self._reader.config.small_file_max
+        d = _Dir(store, key_prefix, cols, skip, small, self._share, phases)
         old = self._dirs.pop(k, None)
         if old is not None and old.cols is cols:  # an unchanged re-list: same rows
             self._unqueue(old)
@@ -297,7 +311,7 @@ class DataPrefetcher:
                 self._pass_read -= _ones(d.bits)
 
     def _enqueue(self, d: _Dir) -> None:
-        if not d.queued and d.cursor < d.cols.n:
+        if not d.queued and d.cursor < d.span:
             d.queued = True
             self._queued += 1
             queue = self._queue
@@ -508,20 +522,26 @@ class DataPrefetcher:
                 continue
             cols = d.cols
             kinds, sizes, hi = cols.kinds, cols.sizes, self._max_size
-            n, start = cols.n, d.start
+            n, start, span = cols.n, d.start, d.span
+            phased = span > n
             c = d.cursor
-            stop = min(n, c + budget)
+            stop = min(span, c + budget)
             while c < stop:
-                r = c + start
+                r = c % n + start if phased else c + start
                 if r >= n:
                     r -= n
-                if kinds[r] == KIND_FILE and 0 < sizes[r] <= hi and self._wanted(d, r):
+                if (
+                    kinds[r] == KIND_FILE
+                    and 0 < sizes[r] <= hi
+                    and (phased is False or self._in_walk(d, r, c < n))
+                    and self._wanted(d, r)
+                ):
                     d.cursor = c + 1
                     return d, r, 0
                 c += 1
             budget -= c - d.cursor
             d.cursor = c
-            if c < n:
+            if c < span:
                 return False
             self._unqueue(d)
             queue.popleft()
@@ -529,6 +549,11 @@ class DataPrefetcher:
             delay = retry[0][0] - self._clock.monotonic()
             asyncio.get_running_loop().call_later(max(delay, 0.0), self._wake.set)
         return None
+
+    def _in_walk(self, d: _Dir, r: int, first: bool) -> bool:
+        """With a fleet: whether row ``r`` is in the first walk (owned) or the second."""
+        assert self._owns is not None
+        return self._owns(d.store.name, d.prefix + d.cols.name(r), d.cols.etag(r)) == first
 
     def _wanted(self, d: _Dir, r: int) -> bool:
         if d.bits[r >> 3] & (1 << (r & 7)):
@@ -655,7 +680,9 @@ class DataPrefetcher:
         s = self.stats
         s.dirs = len(self._dirs)
         s.queued_dirs = self._queued
-        s.queued_files = sum(d.cols.n - d.cursor for d in self._queue if d.queued)
+        s.queued_files = sum(
+            (d.span - d.cursor) * d.cols.n // d.span for d in self._queue if d.queued and d.span
+        )
         s.queued_files += len(self._retry)
         s.inflight = self._inflight
         s.inflight_bytes = self._inflight_bytes

@@ -33,6 +33,7 @@ from gateway.data.events import FileOpened
 from gateway.data.fleet import Fleet
 from gateway.data.prefetch import DataPrefetcher, PrefetchStats
 from gateway.data.shared import SharedLimits, SharedTier
+from gateway.data.tiers import Piece
 from gateway.dispatch import Dispatcher
 from gateway.exports import Export, ExportConfig, export_id_for
 from gateway.fastpath import FastPath
@@ -233,7 +234,9 @@ async def build(
     metrics.add_stats("writes", writes.stats)
 
     metrics.add_stats("prefetch", prefetch_stats)
-    prefetcher = _prefetcher(c, reader, opened, disk is not None, role, metrics, prefetch_stats)
+    prefetcher = _prefetcher(
+        c, reader, opened, disk is not None, role, metrics, prefetch_stats, shared
+    )
 
     exports = ExportBuilder(
         clock=clock,
@@ -321,6 +324,7 @@ def _prefetcher(
     role: WorkerRole | None,
     metrics: Metrics,
     stats: PrefetchStats,
+    shared: SharedTier | None,
 ) -> DataPrefetcher | None:
     """The data prefetcher (``gateway.data.prefetch``), or None when it is off. It fills the
     memory tier (and the disk tier once memory is full); with several workers each one
@@ -343,4 +347,14 @@ def _prefetcher(
         stats=stats,
         share=(role.index, role.count) if role is not None else (0, 1),
         opened=opened,
+        owns=_owner_test(shared),
     )
+
+
+def _owner_test(shared: SharedTier | None) -> Callable[[str, str, str], bool] | None:
+    """With a fleet: (store, key, ETag) -> whether this gateway fetches the object for the
+    fleet (the data prefetcher walks those first)."""
+    fleet = shared.fleet if shared is not None else None
+    if fleet is None or (len(fleet.members) < 2 and fleet.dns is None):
+        return None
+    return lambda store, key, etag: fleet.owns(Piece(store, key, etag, 0, 0))
