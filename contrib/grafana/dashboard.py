@@ -230,6 +230,33 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                Q(f"sum(increase(nfsgw_pack_load_errors_total{{{SEL}}}[1h]))", "not used (1h)")),
               kind="stat", width=8),
     )),
+    ("Fleet", (
+        Panel("Shared tier: where memory and disk misses were served",
+              "Whole objects that missed memory and disk, per second: served from the fleet's "
+              "shared tier, or fetched from the origin (the misses); fetched here though "
+              "another gateway owns them (duplicates when it fetches them too).", "ops",
+              (Q(rate("nfsgw_shared_cache_hits_total"), "shared tier"),
+               Q(rate("nfsgw_shared_cache_misses_total"), "origin"),
+               Q(rate("nfsgw_shared_cache_foreign_fetches_total"), "origin, owned elsewhere")),
+              width=8),
+        Panel("Shared tier fills",
+              "Objects put in the shared tier per second, fills that failed and fills skipped "
+              "(breaker open, too big, PUTs or bytes in flight at their bound).", "ops",
+              (Q(rate("nfsgw_shared_cache_fills_total"), "filled"),
+               Q(rate("nfsgw_shared_cache_fill_errors_total"), "failed"),
+               Q(rate("nfsgw_shared_cache_fills_skipped_total", by="reason"),
+                 "skipped {{reason}}")), width=8),
+        Panel("Shared tier health",
+              "1 while the breaker skips the shared tier after failures (every read is "
+              "served from the origin); bodies refused in the last hour (wrong length, "
+              "metadata or checksum: never served); the fleet's members as this gateway "
+              "sees them.", "short",
+              (Q(f"max(nfsgw_shared_cache_breaker_open{{{SEL}}})", "breaker open"),
+               Q(f"sum(increase(nfsgw_shared_cache_refused_total{{{SEL}}}[1h]))",
+                 "refused (1h)"),
+               Q(f"max(nfsgw_fleet_members{{{SEL}}})", "members")),
+              kind="stat", width=8),
+    )),
     ("Workers", (
         Panel("Workers up and restarts",
               "With server.workers > 1: worker processes serving (1) or (re)starting (0), "
