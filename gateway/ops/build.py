@@ -86,13 +86,13 @@ class ExportBuilder:
     pack_config: PackConfig
     store_factory: StoreFactory | None
     spawn: Spawn
+    shared: SharedTier | None = None  # the fleet's shared tier: packs' groups go there too
     origins: dict[str, str] = dataclasses.field(default_factory=dict)
     """Each export store's name -> its origin identity (endpoint and bucket): the shared
     tier's keys (``gateway.data.shared``), the same on every gateway of a fleet."""
 
     def build(self, ec: ExportConfig, config: ServerConfig) -> Export:
         store = self._store(ec, config)
-        self.origins[store.name] = f"{store.traits.endpoint}|{store.name}"
         prefix = parse_store_url(ec.backend).prefix
         if ec.pack is not None:
             store = self._packed(ec, config, store, prefix)
@@ -112,8 +112,11 @@ class ExportBuilder:
     def _store(self, ec: ExportConfig, config: ServerConfig) -> ObjectStore:
         observer = self.metrics.backend_request
         if self.store_factory is not None:
-            return self.store_factory(ec, observer)
-        return open_store(ec.backend, s3=config.s3, observer=observer)
+            store = self.store_factory(ec, observer)
+        else:
+            store = open_store(ec.backend, s3=config.s3, observer=observer)
+        self.origins[store.name] = f"{store.traits.endpoint}|{store.name}"
+        return store
 
     def _packed(
         self, ec: ExportConfig, config: ServerConfig, inner: ObjectStore, prefix: str
@@ -138,6 +141,7 @@ class ExportBuilder:
             config=self.pack_config,
             stats=stats,
             tiers=ReaderTiers(self.reader, inner.name),
+            fleet=self.shared,
         )
         self.spawn(store.load(), f"pack-load:{ec.path}")
         return store
@@ -247,6 +251,7 @@ async def build(
         pack_config=pack_config,
         store_factory=store_factory,
         spawn=spawn,
+        shared=shared,
         origins=origins,
     )
     gw = Gateway(c.server.nfs, handles, reader, writes)

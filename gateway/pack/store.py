@@ -70,6 +70,7 @@ verified.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable
@@ -86,6 +87,7 @@ from gateway.backend.base import (
     StoreWrapper,
 )
 from gateway.backend.checksums import crc32
+from gateway.data.tiers import Piece, Tier
 from gateway.pack.format import PackError, PackIndex
 from gateway.pack.indexload import UnpackedKeys, load_pack
 from gateway.pack.listing import list_from_index
@@ -185,9 +187,13 @@ class PackedStore(StoreWrapper):
         config: PackConfig | None = None,
         stats: PackStats | None = None,
         tiers: NeighbourTiers = NO_TIERS,
+        fleet: Tier | None = None,
     ) -> None:
         super().__init__(inner)
         self._tiers = tiers
+        # The fleet's shared tier (``gateway.data.shared``): a group's range is looked for
+        # there before the shard is asked, and put there after.
+        self._fleet = fleet
         self._packs = packs
         self._pack_prefix = pack_prefix
         self._source_prefix = source_prefix
@@ -482,13 +488,18 @@ class PackedStore(StoreWrapper):
                 path = self._source_prefix + index.path(i)
                 if await tier.has(path, index.etag(i), index.sizes[i]):
                     return None
-            async with self._range_slots:
-                res = await self._packs.get(self._pack_prefix + shard.name, g.lo, g.hi)
-            data = res.data if type(res.data) is bytes else bytes(res.data)
-            if len(data) != g.hi - g.lo:
-                raise BackendError(f"{shard.name}: got {len(data)} B for {g.hi - g.lo} B")
-            self.stats.ranges += 1
-            self.stats.range_bytes += len(data)
+            piece = self._fleet_piece(index, shard.name, g, a, b)
+            data = await self._from_fleet(piece)
+            if data is None:
+                async with self._range_slots:
+                    res = await self._packs.get(self._pack_prefix + shard.name, g.lo, g.hi)
+                data = res.data if type(res.data) is bytes else bytes(res.data)
+                if len(data) != g.hi - g.lo:
+                    raise BackendError(f"{shard.name}: got {len(data)} B for {g.hi - g.lo} B")
+                self.stats.ranges += 1
+                self.stats.range_bytes += len(data)
+                if piece is not None and self._fleet is not None and self._fleet.admit(piece):
+                    self._fleet.put(piece, data)
             if a != b:
                 writes = self._deposit(index, a, b, g.lo, data, i, memory)
             return data
@@ -500,6 +511,26 @@ class PackedStore(StoreWrapper):
                     t.add_done_callback(self._releasing.discard)
                 else:
                     tier.release(fd)
+
+    def _fleet_piece(self, index: PackIndex, shard: str, g: _Group, a: int, b: int) -> Piece | None:
+        """A group's range as a piece of the fleet's shared tier. Its version is a digest of
+        what the index says the range holds (members' offsets, sizes and CRCs): a shard
+        rewritten by a new pack gets other pieces, and every member is checked against
+        the index's CRC all the same (``_verified``)."""
+        if self._fleet is None or a == b:
+            return None
+        h = hashlib.blake2b(digest_size=16)
+        for col in (index.data_at, index.sizes, index.crcs):
+            h.update(memoryview(col)[a : b + 1].tobytes())
+        return Piece(self._packs.name, self._pack_prefix + shard, h.hexdigest(), g.lo, g.hi - g.lo)
+
+    async def _from_fleet(self, piece: Piece | None) -> bytes | None:
+        if piece is None or self._fleet is None:
+            return None
+        got = await self._fleet.lookup(piece, False)
+        if got is None or len(got) != piece.length:
+            return None
+        return got if type(got) is bytes else bytes(got)
 
     @staticmethod
     async def _release(tier: SharedTier, fd: int, writes: list[Awaitable[bool]]) -> None:

@@ -575,3 +575,51 @@ def test_with_data_prefetch_a_scanned_tree_is_read_with_no_get(
     assert set(ahead) <= {f"packs/ds/{s.name}" for s in index.shards.values()}
     assert groups(index) <= sum(ahead.values()) <= groups(index) + 2
     assert m["nfsgw_pack_corrupt_total"] == 0 and m["nfsgw_pack_fallbacks_total"] == 1
+
+
+def test_a_second_gateway_of_a_fleet_takes_the_groups_from_the_shared_tier(
+    tmp_path: Path,
+    seaweed: SeaweedServer,
+    bucket: str,
+    awkward: tuple[dict[str, bytes], PackIndex],
+    proxy: ThreadProxy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two gateways one after another with a shared tier (reached directly, not through the
+    counting proxy): the first fetches each group's range from its shard and puts it in the
+    shared tier; the second reads every packed member byte-exact with no shard GET."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_key)
+    files, index = awkward
+    tree = served(files)
+    small = [p for p in tree if packed_small(index, p) >= 0]
+    shared = {
+        "cache_shared": f"s3://{bucket}/fleet-{tmp_path.name[-8:]}/",
+        "cache_shared_endpoint_url": seaweed.endpoint_url,
+        "cache_shared_region": seaweed.region,
+        "cache_disk": 0,
+    }
+    shard_gets = []
+    for n, seed in ((1, 3), (2, 4)):
+        before = proxy.gets()
+        with gateway(
+            tmp_path / f"gw{n}", seaweed, proxy, f"s3://{bucket}/ds/",
+            f"s3://{bucket}/packs/ds", **shared,
+        ) as gw:  # fmt: skip
+            assert loaded(gw) == "ok"
+            with LibNfs(gw.libnfs_url()) as nfs:
+                read_all(nfs, tree, shuffled(small, seed=seed))
+            tier = gw.server.shared
+            assert tier is not None
+            gw.run(tier.drain())
+            st = tier.stats
+            assert st.errors == 0 and st.bad_checksum == st.bad_metadata == st.bad_length == 0
+            m = metrics(gw, "nfsgw_pack")
+            assert m["nfsgw_pack_corrupt_total"] == 0
+        got = since(proxy.gets(), before)
+        shard_gets.append(sum(v for k, v in got.items() if k.startswith("packs/ds/shard")))
+        if n == 1:
+            assert st.fills == shard_gets[0] and st.hits == 0
+        else:
+            assert st.hits >= groups(index) and st.fills == 0
+    assert shard_gets[0] >= groups(index) and shard_gets[1] == 0
