@@ -29,6 +29,7 @@ the whole arguments (handle and name, as XDR: the key of the LOOKUP table).
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import mmap
@@ -223,17 +224,34 @@ def record_reader(max_record: int) -> Records:
     return reader
 
 
+class _FileMap(mmap.mmap):
+    """The Python twin's mapping: ``mmap.mmap`` and where the mapped range ends in the file
+    (``end``), for ``mapped_readable``'s size check."""
+
+    end: int = 0
+
+
+_MADV_POPULATE_READ: Final = 22  # Linux 5.14; mmap has no name for it before Python 3.13
+
+
 def map_file(fd: int, size: int, offset: int = 0) -> Buffer:
     """``size`` (> 0) bytes of the file open on ``fd`` from ``offset`` (a multiple of
     ``mmap.PAGESIZE``), mapped read-only and shared, as a buffer (``memoryview`` it). The C
     twin keeps no file descriptor; ``mmap.mmap``, the Python twin, keeps a duplicate of
     ``fd`` open for each mapping (``mapping_fds``). OSError when the kernel refuses the
-    mapping (an unaligned offset: EINVAL), ValueError for a range past the file's end."""
+    mapping (an unaligned offset: EINVAL), ValueError for a range past the file's end.
+
+    A page of the mapping that the file no longer covers (another program truncated it) or
+    that the kernel cannot read back (an I/O error) raises SIGBUS when user space touches it,
+    which kills the process: read a mapping's bytes with ``copy_mapped``, or check it with
+    ``mapped_readable`` just before a kernel-side copy (``send``: EFAULT, not SIGBUS)."""
     c = compiled()
     if c is None:
-        return cast(Buffer, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ, offset=offset))
-    m: Buffer = c.Mapping(fd, size, offset)
-    return m
+        m = _FileMap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ, offset=offset)
+        m.end = offset + size
+        return cast(Buffer, m)
+    mapped: Buffer = c.Mapping(fd, size, offset)
+    return mapped
 
 
 def mapping_types() -> tuple[type, ...]:
@@ -245,3 +263,44 @@ def mapping_types() -> tuple[type, ...]:
 def mapping_fds() -> bool:
     """Whether each mapping costs a file descriptor (the Python twin's)."""
     return compiled() is None
+
+
+def mapped_readable(view: memoryview) -> bool:
+    """Whether every page of ``view`` (a mapping from ``map_file``, or a slice of one) can be
+    read now, without a signal. The C twin asks the kernel to populate them (``madvise``
+    ``MADV_POPULATE_READ``: EFAULT where a touch would raise SIGBUS; on an older kernel it
+    loads a byte of each page under a SIGBUS guard). The Python twin checks, with one
+    ``fstat`` of the descriptor ``mmap.mmap`` keeps, that the file still reaches the end of
+    the mapping, then populates the whole mapping (a disk-tier body's pages and no more) the
+    same way; on a kernel without ``MADV_POPULATE_READ`` a page it cannot read back (an I/O
+    error) goes unseen there."""
+    c = compiled()
+    if c is not None and not isinstance(view.obj, mmap.mmap):
+        return bool(c.mapped_readable(view))
+    m = view.obj
+    if not isinstance(m, mmap.mmap):
+        return True  # not a mapping: nothing can fault
+    try:
+        if isinstance(m, _FileMap) and m.size() < m.end:
+            return False
+        m.madvise(_MADV_POPULATE_READ)
+    except OSError as e:
+        return e.errno == errno.EINVAL  # EINVAL: no MADV_POPULATE_READ (the size was checked)
+    except ValueError:  # closed
+        return False
+    return True
+
+
+def copy_mapped(view: memoryview) -> bytes | None:
+    """``view``'s bytes (a mapping from ``map_file``, or a slice of one) copied into a
+    ``bytes``, or None when one of its pages cannot be read (the file was truncated under the
+    mapping, or an I/O error). The C twin copies under a SIGBUS guard: no window. The Python
+    twin checks ``mapped_readable`` and then copies: a truncation by another program in the
+    microseconds between the two still raises SIGBUS there (no guard in pure Python)."""
+    c = compiled()
+    if c is not None and not isinstance(view.obj, mmap.mmap):
+        got: bytes | None = c.copy_mapped(view)
+        return got
+    if not mapped_readable(view):
+        return None
+    return bytes(view)
