@@ -46,7 +46,7 @@ on until its last mapping is gone (a mapping of one entry keeps its whole bundle
 until then). What breaks a mapping is outside nfsgw: a file under the cache directory
 truncated by another program, or the disk failing under a page the kernel has to read again.
 A user-space touch of such a page raises SIGBUS, which would kill the worker, so none is
-made unguarded: a mapped entry's body CRC is computed from ``pread``\s of the file into a
+made unguarded: a mapped entry's body CRC is computed by ``pread`` calls reading the file into a
 per-thread scratch buffer (kernel-side copies: an I/O error is an ``OSError``), never through
 the mapping; the mapping is made once the entry verified, and a range the file no longer
 covers by then is refused by ``map_file`` (ValueError: the entry is BAD). Later readers of the

@@ -291,13 +291,12 @@ class ObjectReader:
         object of ``size`` bytes), safe to hand to the transport: the mapping itself when its
         pages can be read now and the transport sends buffers as they are (a kernel-side
         copy), else a copy made under the SIGBUS guard; None when it is broken (dropped)."""
-        view = data if lo == 0 and hi == len(data) else data[lo:hi]
         if self._copies_on_send():
-            got = fastwire.copy_mapped(view)
+            got = fastwire.copy_mapped(data, lo, hi)
             if got is not None:
                 return got
-        elif fastwire.mapped_readable(view):
-            return view
+        elif fastwire.mapped_readable(data, lo, hi):
+            return data if lo == 0 and hi == len(data) else data[lo:hi]
         self._broken(bkey, size)
         return None
 
@@ -380,7 +379,7 @@ class ObjectReader:
                 broken = broken or part is None
                 parts.append(part if part is not None else b"")
             else:  # joined below: copied here, under the guard
-                copy = fastwire.copy_mapped(data[lo:hi])
+                copy = fastwire.copy_mapped(data, lo, hi)
                 if copy is None:
                     self._broken((name, key, etag, b), size)
                     broken = True
