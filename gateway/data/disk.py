@@ -406,6 +406,11 @@ class DiskStore:
     def used_bytes(self) -> int:
         return self._used
 
+    @property
+    def broken_mappings(self) -> int:
+        """Mappings of this tier's entries that readers found broken (``drop``)."""
+        return self._broken
+
     def has_room(self, charge: int) -> bool:
         """Whether ``charge`` more bytes fit in the budget without evicting anything."""
         return self._used + charge <= self.budget_bytes
