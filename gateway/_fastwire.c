@@ -6,7 +6,9 @@
  * records (reply_*, pad), reassembling RPC records from a TCP byte stream (RecordReader), and
  * the read-only file mappings READ data is sent from (Mapping: mmap.mmap without the file
  * descriptor mmap.mmap keeps open for each one), and the bytes an HTTP body is received into
- * (BodyBuffer: gateway.backend.http1's, whose twin is a bytearray and a copy).
+ * (BodyBuffer: gateway.backend.http1's, whose twin is a bytearray and a copy), and reading
+ * such a mapping's pages without dying of SIGBUS (copy_mapped, mapped_readable: see "Guarded
+ * reads of mappings" below).
  * Every function gives the same result as its Python twin for the same arguments, byte for
  * byte: the same tuple, the same None for every record the twin declines, the same
  * exception class (and message) for the same bad argument.
@@ -28,10 +30,14 @@
 #include <structmember.h>
 
 #include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define NFS_PROGRAM 100003u
 #define GETATTR 1u
@@ -1076,6 +1082,202 @@ static PyTypeObject BodyBufferType = {
     .tp_as_sequence = &body_as_sequence,
 };
 
+/* ------------------------------------------------------------- Guarded reads of mappings */
+
+/* A page of a MAP_SHARED file mapping that the file no longer covers (truncated by another
+ * program) or that the kernel cannot read back (an I/O error) raises SIGBUS in the thread
+ * that touches it from user space; its default action kills the process. A kernel-side copy
+ * (send, writev) of such a page fails with EFAULT instead. The two functions here read a
+ * mapping's pages from user space under a guard: a SIGBUS handler (SA_SIGINFO) installed
+ * only while at least one guarded read runs (a count under a mutex; the previous handler is
+ * put back when the last one ends), and per thread the range being read and a sigjmp_buf.
+ * The handler jumps back into the guarded read only for a fault (si_code > 0) at an address
+ * inside that thread's range; anything else goes to the previous disposition: its handler
+ * is called, or (default or ignore) it is put back and the fault happens again under it (a
+ * signal sent with kill is raised again). The jump abandons a memcpy or a loop of loads,
+ * which hold no lock and allocate nothing; the GIL is not held inside the guarded region
+ * (for large reads) or held throughout (small ones): it is never taken or dropped there. */
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
+#define GUARD_RELEASE_GIL 65536 /* below this a copy costs less than the GIL hand-off */
+
+struct guard {
+    uintptr_t lo, hi;  /* the pages being read: [lo, hi) */
+    sigjmp_buf env;
+};
+
+/* initial-exec: the handler reads it without a TLS allocation (async-signal-safe). */
+static _Thread_local struct guard *guard_current __attribute__((tls_model("initial-exec")));
+static pthread_mutex_t guard_lock = PTHREAD_MUTEX_INITIALIZER;
+static int guard_users;
+static struct sigaction guard_prev;
+
+static void
+guard_handler(int sig, siginfo_t *si, void *ctx)
+{
+    struct guard *g = guard_current;
+    uintptr_t addr = (uintptr_t)si->si_addr;
+    if (g && si->si_code > 0 && addr >= g->lo && addr < g->hi)
+        siglongjmp(g->env, 1);
+    struct sigaction prev = guard_prev;
+    if ((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction) {
+        prev.sa_sigaction(sig, si, ctx);
+        return;
+    }
+    if (!(prev.sa_flags & SA_SIGINFO) && prev.sa_handler != SIG_DFL &&
+        prev.sa_handler != SIG_IGN) {
+        prev.sa_handler(sig);
+        return;
+    }
+    /* The default (or ignore): put it back; a fault repeats when the handler returns. */
+    sigaction(SIGBUS, &prev, NULL);
+    if (si->si_code <= 0)
+        raise(sig);
+}
+
+static int
+guard_enter(void)
+{
+    int r = 0;
+    pthread_mutex_lock(&guard_lock);
+    if (guard_users == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = guard_handler;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigemptyset(&sa.sa_mask);
+        r = sigaction(SIGBUS, &sa, &guard_prev);
+    }
+    if (r == 0)
+        guard_users++;
+    pthread_mutex_unlock(&guard_lock);
+    return r;
+}
+
+static void
+guard_leave(void)
+{
+    pthread_mutex_lock(&guard_lock);
+    if (--guard_users == 0)
+        sigaction(SIGBUS, &guard_prev, NULL);
+    pthread_mutex_unlock(&guard_lock);
+}
+
+static void
+touch_pages(const volatile uint8_t *p, size_t n, size_t page)
+{
+    uint8_t sink = 0;
+    for (size_t i = 0; i < n; i += page)
+        sink ^= p[i];
+    sink ^= p[n - 1];
+    (void)sink;
+}
+
+/* Reads the n (> 0) bytes at src under the guard: copies them to dst, or (dst NULL) loads
+ * one byte of each page. 0 when every byte was read, 1 when a page faulted, -1 when the
+ * handler could not be installed (errno set). */
+static int
+guarded_read(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    struct guard g;
+    g.lo = (uintptr_t)src & ~(uintptr_t)(page - 1);
+    g.hi = ((uintptr_t)src + n + page - 1) & ~(uintptr_t)(page - 1);
+    if (guard_enter() < 0)
+        return -1;
+    int faulted = 1;
+    guard_current = &g;
+    if (sigsetjmp(g.env, 1) == 0) {
+        if (dst)
+            memcpy(dst, src, n);
+        else
+            touch_pages(src, n, page);
+        faulted = 0;
+    }
+    guard_current = NULL;
+    guard_leave();
+    return faulted;
+}
+
+PyDoc_STRVAR(copy_mapped_doc,
+             "copy_mapped($module, /, data)\n--\n\n"
+             "A copy of ``data`` (a buffer: a file mapping, or a slice of one) as bytes, read\n"
+             "under a SIGBUS guard: None when one of its pages cannot be read (the file was\n"
+             "truncated under the mapping, or an I/O error), where a plain copy would kill\n"
+             "the process.");
+
+static PyObject *
+copy_mapped(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs,
+            PyObject *kwnames)
+{
+    static const char *const names[] = {"data"};
+    PyObject *arg[1];
+    Py_buffer b;
+    if (unpack_args("copy_mapped", names, 1, args, nargs, kwnames, arg) < 0)
+        return NULL;
+    if (get_bytes(arg[0], &b) < 0)
+        return NULL;
+    PyObject *res = PyBytes_FromStringAndSize(NULL, b.len);
+    if (res && b.len > 0) {
+        uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(res);
+        int r;
+        if (b.len >= GUARD_RELEASE_GIL) {
+            Py_BEGIN_ALLOW_THREADS
+            r = guarded_read(dst, b.buf, (size_t)b.len);
+            Py_END_ALLOW_THREADS
+        }
+        else {
+            r = guarded_read(dst, b.buf, (size_t)b.len);
+        }
+        if (r != 0) {
+            Py_CLEAR(res);
+            if (r < 0)
+                PyErr_SetFromErrno(PyExc_OSError);
+            else
+                res = Py_NewRef(Py_None);
+        }
+    }
+    PyBuffer_Release(&b);
+    return res;
+}
+
+PyDoc_STRVAR(mapped_readable_doc,
+             "mapped_readable($module, /, data)\n--\n\n"
+             "Whether every page of ``data`` (a file mapping, or a slice of one) can be read\n"
+             "now: the kernel populates them (madvise MADV_POPULATE_READ, which answers EFAULT\n"
+             "where a touch would raise SIGBUS), else, on a kernel without it, one byte of\n"
+             "each page is loaded under the SIGBUS guard. False for a file truncated under\n"
+             "the mapping or a page the kernel cannot read back.");
+
+static PyObject *
+mapped_readable(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs,
+                PyObject *kwnames)
+{
+    static const char *const names[] = {"data"};
+    PyObject *arg[1];
+    Py_buffer b;
+    if (unpack_args("mapped_readable", names, 1, args, nargs, kwnames, arg) < 0)
+        return NULL;
+    if (get_bytes(arg[0], &b) < 0)
+        return NULL;
+    int r = 0;
+    if (b.len > 0) {
+        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        uintptr_t lo = (uintptr_t)b.buf & ~(page - 1);
+        uintptr_t hi = ((uintptr_t)b.buf + (uintptr_t)b.len + page - 1) & ~(page - 1);
+        Py_BEGIN_ALLOW_THREADS
+        r = madvise((void *)lo, (size_t)(hi - lo), MADV_POPULATE_READ) == 0 ? 0 : errno;
+        if (r == EINVAL || r == EINTR || r == EAGAIN || r == ENOMEM)
+            /* not this kernel's (EINVAL before 5.14), or not decided: look under the guard */
+            r = guarded_read(NULL, b.buf, (size_t)b.len) == 0 ? 0 : 1;
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(r == 0);
+}
+
 /* ------------------------------------------------------------------------- module */
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
@@ -1088,6 +1290,8 @@ static PyMethodDef module_methods[] = {
     {"reply_lookup_noent", FASTCALL(reply_lookup_noent), reply_lookup_noent_doc},
     {"reply_read_head", FASTCALL(reply_read_head), reply_read_head_doc},
     {"pad", FASTCALL(pad), pad_doc},
+    {"copy_mapped", FASTCALL(copy_mapped), copy_mapped_doc},
+    {"mapped_readable", FASTCALL(mapped_readable), mapped_readable_doc},
     {NULL, NULL, 0, NULL},
 };
 

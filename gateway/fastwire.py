@@ -29,6 +29,7 @@ the whole arguments (handle and name, as XDR: the key of the LOOKUP table).
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import mmap
@@ -223,17 +224,47 @@ def record_reader(max_record: int) -> Records:
     return reader
 
 
+class _FileMap(mmap.mmap):
+    """The Python twin's mapping: ``mmap.mmap``, plus a descriptor of its own on the file
+    (``fd``, closed with it) and the mapped range's place in the file (``offset``, ``end``),
+    so that its bytes can be read with ``pread`` instead of through the mapping
+    (``copy_mapped``) and the file's size checked (``mapped_readable``)."""
+
+    fd: int = -1
+    offset: int = 0
+    end: int = 0
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+_MADV_POPULATE_READ: Final = 22  # Linux 5.14; mmap has no name for it before Python 3.13
+
+
 def map_file(fd: int, size: int, offset: int = 0) -> Buffer:
     """``size`` (> 0) bytes of the file open on ``fd`` from ``offset`` (a multiple of
     ``mmap.PAGESIZE``), mapped read-only and shared, as a buffer (``memoryview`` it). The C
-    twin keeps no file descriptor; ``mmap.mmap``, the Python twin, keeps a duplicate of
-    ``fd`` open for each mapping (``mapping_fds``). OSError when the kernel refuses the
-    mapping (an unaligned offset: EINVAL), ValueError for a range past the file's end."""
+    twin keeps no file descriptor; the Python twin keeps two (``mmap.mmap``'s duplicate of
+    ``fd``, and its own for ``copy_mapped``: ``mapping_fds``). OSError when the kernel
+    refuses the mapping (an unaligned offset: EINVAL), ValueError for a range past the
+    file's end.
+
+    A page of the mapping that the file no longer covers (another program truncated it) or
+    that the kernel cannot read back (an I/O error) raises SIGBUS when user space touches it,
+    which kills the process: read a mapping's bytes with ``copy_mapped``, and check it with
+    ``mapped_readable`` just before a kernel-side copy (``send``: EFAULT there, not SIGBUS)."""
     c = compiled()
     if c is None:
-        return cast(Buffer, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ, offset=offset))
-    m: Buffer = c.Mapping(fd, size, offset)
-    return m
+        if size > os.fstat(fd).st_size - offset:
+            raise ValueError("mmap length is greater than file size")
+        m = _FileMap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ, offset=offset)
+        m.fd = os.dup(fd)
+        m.offset, m.end = offset, offset + size
+        return cast(Buffer, m)
+    mapped: Buffer = c.Mapping(fd, size, offset)
+    return mapped
 
 
 def mapping_types() -> tuple[type, ...]:
@@ -243,5 +274,69 @@ def mapping_types() -> tuple[type, ...]:
 
 
 def mapping_fds() -> bool:
-    """Whether each mapping costs a file descriptor (the Python twin's)."""
+    """Whether each mapping costs file descriptors (two: the Python twin's)."""
     return compiled() is None
+
+
+def _file_range(data: memoryview, lo: int, hi: int) -> tuple[_FileMap, int, int] | None:
+    """The Python twin's mapping behind ``data`` and where ``data[lo:hi]`` is in its file,
+    when ``data`` reaches the end of that mapping (the disk tier's views do:
+    ``gateway.data.diskfile._map``)."""
+    m = data.obj
+    if not isinstance(m, _FileMap):
+        return None
+    at = m.end - len(data) + lo  # data ends where the mapping ends
+    return m, at, at + (hi - lo)
+
+
+def mapped_readable(data: memoryview, lo: int, hi: int) -> bool:
+    """Whether every page of ``data[lo:hi]`` can be read now, without a signal; ``data`` is a
+    view of a mapping from ``map_file`` that reaches the mapping's end (the disk tier's
+    bodies: ``gateway.data.diskfile._map``). The C twin asks the kernel to populate those
+    pages (``madvise`` ``MADV_POPULATE_READ``: EFAULT where a touch would raise SIGBUS; on an
+    older kernel it loads a byte of each page under a SIGBUS guard). The Python twin checks
+    with ``fstat`` that the file still reaches the end of the range, then populates the
+    whole mapping (a body's pages and no more) the same way; on a kernel without
+    ``MADV_POPULATE_READ`` a page it cannot read back (an I/O error) goes unseen there."""
+    c = compiled()
+    if c is not None and not isinstance(data.obj, mmap.mmap):
+        return bool(c.mapped_readable(data[lo:hi]))
+    where = _file_range(data, lo, hi)
+    if where is None:
+        return True  # not a file mapping of ours: nothing can fault
+    m, _, end = where
+    try:
+        if os.fstat(m.fd).st_size < end:
+            return False
+        m.madvise(_MADV_POPULATE_READ)
+    except OSError as e:
+        return e.errno == errno.EINVAL  # no MADV_POPULATE_READ: the size was checked
+    except ValueError:  # closed
+        return False
+    return True
+
+
+def copy_mapped(data: memoryview, lo: int, hi: int) -> bytes | None:
+    """``data[lo:hi]`` copied into a ``bytes`` (``data`` as ``mapped_readable`` takes it), or
+    None when one of its pages cannot be read (the file was truncated under the mapping, or an
+    I/O error). The C twin copies from the mapping under a SIGBUS guard; the Python twin reads
+    the same bytes from the file with ``pread`` (the same page cache pages; a short read or
+    an ``OSError`` is None): neither can raise SIGBUS."""
+    c = compiled()
+    if c is not None and not isinstance(data.obj, mmap.mmap):
+        got: bytes | None = c.copy_mapped(data[lo:hi])
+        return got
+    where = _file_range(data, lo, hi)
+    if where is None:
+        return bytes(data[lo:hi])
+    m, start, end = where
+    try:
+        out = os.pread(m.fd, end - start, start)
+        while 0 < len(out) < end - start:  # a short read before the end: go on
+            more = os.pread(m.fd, end - start - len(out), start + len(out))
+            if not more:
+                break
+            out += more
+    except OSError:
+        return None
+    return out if len(out) == end - start else None

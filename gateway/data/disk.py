@@ -322,6 +322,8 @@ class DiskStore:
         self._batch: _Batch | None = None  # the open batch (entries join it: ``publish``)
         self._swept = False  # an older layout's directory is gone (``sweep_old_layouts``)
         self._errors_logged = 0
+        self._broken = 0  # mappings found broken by readers (``drop``)
+        self._broken_logged: set[str] = set()  # their entries, logged once each
         self._presence = presence  # unshared: the tier's owner or a guest (files.presence)
         self._names: files.NameFilter | None = None  # the owner's, while no guest came
         self._mark = b""  # the guests' nonce when ``_names`` was built
@@ -404,6 +406,11 @@ class DiskStore:
     def used_bytes(self) -> int:
         return self._used
 
+    @property
+    def broken_mappings(self) -> int:
+        """Mappings of this tier's entries that readers found broken (``drop``)."""
+        return self._broken
+
     def has_room(self, charge: int) -> bool:
         """Whether ``charge`` more bytes fit in the budget without evicting anything."""
         return self._used + charge <= self.budget_bytes
@@ -439,7 +446,7 @@ class DiskStore:
             status, body, why, freed = await asyncio.get_running_loop().run_in_executor(
                 self._ex, files.verify, self.path(k), k, mapped
             )
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: a mapping refused (a bug if seen)
             st.read_errors += 1
             st.misses += 1
             self._log_error("disk_cache_read_failed", e)
@@ -457,6 +464,38 @@ class DiskStore:
             log.warning("disk_cache_entry_dropped", entry=k.name, reason=why)
         st.misses += 1
         return None
+
+    async def drop(self, k: DiskKey) -> None:
+        """A mapping of ``k``'s body was found broken by a reader (its file truncated or
+        removed under it, or a page the kernel cannot read back: ``fastwire.mapped_readable``);
+        the caller has dropped it from memory and fetches again. The entry is verified again
+        from its file (no mapping) on the executor: a bad one is unlinked and counted as
+        ``nfsgw_disk_cache_corrupt_total`` (its name already gone: nothing to do), a good
+        copy another worker published since stays. Logged once per entry (a warning).
+        Never raises (but cancellation)."""
+        self._broken += 1
+        if k.name not in self._broken_logged:
+            if len(self._broken_logged) >= 4096:  # bounded: a name may be logged again
+                self._broken_logged.clear()
+            self._broken_logged.add(k.name)
+            log.warning("disk_cache_mapping_broken", entry=k.name, broken_so_far=self._broken)
+        st = self.stats
+        try:
+            status, why, freed = await asyncio.get_running_loop().run_in_executor(
+                self._ex, files.drop, self.path(k), k
+            )
+        except (OSError, ValueError) as e:
+            st.read_errors += 1
+            self._log_error("disk_cache_read_failed", e)
+            return
+        except RuntimeError:  # the executor was shut down (closed meanwhile)
+            return
+        if status == files.BAD:
+            st.corrupt += 1
+            st.entries -= 1
+            self._used = max(0, self._used - freed)
+            log.warning("disk_cache_entry_dropped", entry=k.name, reason=why)
+            self._gauges()
 
     async def contains(self, k: DiskKey) -> bool:
         """Whether the entry's name is present (not verified: a read verifies)."""
@@ -883,7 +922,7 @@ class DiskStore:
         st.pending_write_bytes = self._pending
         st.fs_free_bytes = self._fs_free
 
-    def _log_error(self, event: str, e: OSError) -> None:
+    def _log_error(self, event: str, e: OSError | ValueError) -> None:
         self._errors_logged += 1
         n = self._errors_logged
         if n <= 10 or n % 1000 == 0:

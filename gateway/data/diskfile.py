@@ -1,4 +1,4 @@
-"""The disk tier's files: their names, their format, and the blocking operations on them
+r"""The disk tier's files: their names, their format, and the blocking operations on them
 that ``gateway.data.disk.DiskStore`` runs on its executor (never on the event loop).
 
 Owns: the layout ``<cache_dir>/v2/<2 hex>/<32 hex>`` (the name is the BLAKE2b-128 of the
@@ -40,13 +40,18 @@ Mappings. A body served as a mapping (``map_entry``, ``write_bundle(..., mapped=
 ``fastwire.map_file``: no file descriptor kept per mapping, unless the Python twin has to
 use ``mmap.mmap``), whose pages are the page cache's: every worker process mapping the
 same entry reads the same physical pages, so the host holds a file once however many
-workers serve it. It is safe because nfsgw never changes a bundle in place: a new entry is a
-new inode linked under the name, eviction and a failed verification unlink names, and an
-unlinked inode lives on until its last mapping is gone (a mapping of one entry keeps its
-whole bundle's disk space until then). What would break a mapping is outside nfsgw: a file
-under the cache directory truncated or rewritten in place by another program (delete files
-there, never edit them), or the disk failing under a page the kernel has to read again;
-either raises SIGBUS in the process that touches it (docs/operations.md, "Disk cache tier").
+workers serve it. nfsgw never changes a bundle in place: a new entry is a new inode linked
+under the name, eviction and a failed verification unlink names, and an unlinked inode lives
+on until its last mapping is gone (a mapping of one entry keeps its whole bundle's disk space
+until then). What breaks a mapping is outside nfsgw: a file under the cache directory
+truncated by another program, or the disk failing under a page the kernel has to read again.
+A user-space touch of such a page raises SIGBUS, which would kill the worker, so none is
+made unguarded: a mapped entry's body CRC is computed by ``pread`` calls reading the file into a
+per-thread scratch buffer (kernel-side copies: an I/O error is an ``OSError``), never through
+the mapping; the mapping is made once the entry verified, and a range the file no longer
+covers by then is refused by ``map_file`` (ValueError: the entry is BAD). Later readers of the
+mapping check it before each use (``gateway.data.reader``: ``fastwire.mapped_readable``,
+``fastwire.copy_mapped``) and drop a broken one (``drop``).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ import mmap
 import os
 import stat
 import struct
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -81,6 +87,7 @@ __all__ = [
     "charge_of",
     "claim",
     "disk_key",
+    "drop",
     "encode_header",
     "encode_table",
     "evict",
@@ -256,17 +263,50 @@ def map_entry(path: str, k: DiskKey) -> tuple[int, memoryview | bytes, str]:
     return status, body, why
 
 
+def drop(path: str, k: DiskKey) -> tuple[int, str, int]:
+    """Check the entry of ``k`` again after a mapping of it was found broken (its file
+    truncated, or a page unreadable): verified from the file (no mapping), so a BAD one is
+    unlinked as ``verify`` does (unless its name was replaced meanwhile), and a good copy
+    published since by another process stays. (status, why, bytes freed)."""
+    status, _, why, freed = verify(path, k, mapped=False)
+    return status, why, freed
+
+
 def _map(fd: int, start: int, end: int) -> memoryview | None:
     """Bytes ``[start, end)`` of ``fd`` as a read-only shared mapping of the pages they span
     and no more: a fault maps as much of a large page-cache folio as the mapping reaches (a
     freshly written bundle's folios are up to MiBs), so a mapping of a whole bundle made one
     body's hit resident for its neighbours too. None when the kernel refuses one (ENOMEM:
-    the process is at ``vm.max_map_count``): the caller copies."""
+    the process is at ``vm.max_map_count``) or the file no longer reaches ``end`` (another
+    program truncated it: ValueError): the caller reads a copy, which sees the same."""
     first = start - start % mmap.PAGESIZE
     try:
         return memoryview(fastwire.map_file(fd, end - first, first))[start - first :]
-    except OSError:
+    except (OSError, ValueError):
         return None
+
+
+_SCRATCH: Final = 256 * 1024  # bytes read at a time to check a mapped body's CRC
+_scratch = threading.local()
+
+
+def _crc_of(fd: int, length: int, offset: int) -> int | None:
+    """The CRC-32 of ``length`` bytes of ``fd`` at ``offset``, read with ``preadv`` into this
+    thread's scratch buffer (no allocation per read, and no user-space touch of a mapping);
+    None when the file ends first."""
+    buf: bytearray | None = getattr(_scratch, "buf", None)
+    if buf is None:
+        buf = _scratch.buf = bytearray(_SCRATCH)
+    view = memoryview(buf)
+    crc = 0
+    done = 0
+    while done < length:
+        n = os.preadv(fd, [view[: min(_SCRATCH, length - done)]], offset + done)
+        if n <= 0:
+            return None
+        crc = zlib.crc32(view[:n], crc)
+        done += n
+    return crc
 
 
 def verify(path: str, k: DiskKey, mapped: bool) -> tuple[int, memoryview | bytes, str, int]:
@@ -292,15 +332,26 @@ def verify(path: str, k: DiskKey, mapped: bool) -> tuple[int, memoryview | bytes
             head = page[off : off + hlen] if off + hlen <= len(page) else b""
             why, crc = _check_header(head or pread_all(fd, hlen, off), k)
             if not why:
-                body: memoryview | bytes = b""
-                if k.length:
-                    view = _map(fd, off + hlen, off + nbytes) if mapped else None
-                    body = view if view is not None else pread_all(fd, k.length, off + hlen)
-                if len(body) != k.length:
-                    why = "short read"
-                elif zlib.crc32(body) != crc:
-                    why = "body checksum"
-                else:
+                body: memoryview | bytes | None = b""
+                if k.length and mapped:
+                    # The CRC from the file, then the mapping (module docstring, "Mappings").
+                    got = _crc_of(fd, k.length, off + hlen)
+                    if got is None:
+                        why = "short read"
+                    elif got != crc:
+                        why = "body checksum"
+                    else:
+                        body = _map(fd, off + hlen, off + nbytes)
+                        if body is not None:
+                            return HIT, body, "", 0
+                if not why and k.length:  # not mapped, or the mapping was refused: a copy
+                    body = pread_all(fd, k.length, off + hlen)
+                    if len(body) != k.length:
+                        why = "short read"
+                    elif zlib.crc32(body) != crc:
+                        why = "body checksum"
+                if not why:
+                    assert body is not None
                     return HIT, body, "", 0
         freed = 0
         with contextlib.suppress(FileNotFoundError):

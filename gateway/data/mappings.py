@@ -26,15 +26,16 @@ def shared_buffer(data: bytes | memoryview) -> bytes | None:
 def mapping_limit() -> int:
     """How many mappings a cache may hold: half the kernel's per-process limit on memory
     areas (``vm.max_map_count``, 65,530 by default; the interpreter and its libraries use a
-    few hundred), at most 32,768; with the Python twin's ``mmap.mmap`` also a quarter of the
-    open-file limit. A mapping the kernel refuses anyway is read as a copy."""
+    few hundred), at most 32,768; with the Python twin's ``mmap.mmap`` also an eighth of the
+    open-file limit (each of its mappings keeps two descriptors: ``fastwire.map_file``). A
+    mapping the kernel refuses anyway is read as a copy."""
     try:
         with open("/proc/sys/vm/max_map_count", encoding="ascii") as f:
             limit = int(f.read())
     except (OSError, ValueError):
         limit = 65_530
-    if fastwire.mapping_fds():  # mmap.mmap keeps a descriptor per mapping: a quarter of them
-        limit = min(limit, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
+    if fastwire.mapping_fds():  # two descriptors per mapping: an eighth of them
+        limit = min(limit, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
     return max(0, min(32_768, limit // 2))
 
 

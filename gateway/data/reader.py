@@ -39,6 +39,25 @@ half the cache's read-ahead share. Adjacent missing blocks are fetched as one ra
 to ``max_request_bytes`` (8 MiB) and split; demand fetches only cover the blocks the READ
 needs, so a READ never waits for 8 MiB it did not ask for.
 
+Mapped entries
+--------------
+A disk-tier hit may be a read-only mapping of the entry's pages (``gateway.data.diskfile``,
+"Mappings"), verified once when mapped. Its file can still be truncated, removed and
+truncated, or fail to read back under it (another program, a failing disk): a user-space
+touch of such a page raises SIGBUS, which would kill the worker. So a READ answered from a
+mapping checks it first, with no signal possible (``fastwire.mapped_readable``: the kernel
+populates the pages the READ sends, EFAULT instead of SIGBUS), and hands the transport the
+mapping itself: the send copies it in the kernel, where a page broken in the microseconds
+since fails with EFAULT (the transport closes that connection; the client retries) rather
+than SIGBUS. Where user space would copy the bytes (several blocks joined into one READ's
+answer; a transport that joins its buffers: the standard asyncio loop before Python 3.12),
+they are copied here under a SIGBUS guard instead (``fastwire.copy_mapped``). A broken
+mapping is dropped from memory (its version's blocks), its disk entry is checked again from
+the file and dropped when bad (``DiskStore.drop``: logged, ``nfsgw_disk_cache_corrupt_total``),
+and the READ fetches again (the disk tier now misses: the backend); a second broken mapping
+in the same READ answers ``IoError`` (NFS3ERR_IO). The pure-Python twin has no guard: its
+check is an ``fstat`` and ``madvise`` just before the copy or send (``fastwire``).
+
 Single-flight and bounds
 ------------------------
 Every block being fetched has one ``Future`` in ``_inflight``; a READ that needs it awaits
@@ -63,10 +82,12 @@ to the cache (its prefetch share). Demand fetches are not capped here: each READ
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol, TypeVar
 
+from gateway import fastwire
 from gateway.backend.base import (
     BackendError,
     BackendUnavailable,
@@ -143,6 +164,8 @@ class ObjectReader:
         # disk tier: whether it was missing (``_look_on_disk``).
         self._looking: dict[tuple[str, object], asyncio.Future[bool]] = {}
         self._fetches: set[Fetch] = set()
+        self._drops: set[asyncio.Task[None]] = set()  # DiskStore.drop of broken mappings
+        self._send_copies: bool | None = None  # ``_copies_on_send``, once known
         self.slots: Final = FetchSlots(
             cfg.max_inflight_fetches, cfg.max_readahead_fetches, self.stats
         )
@@ -207,22 +230,35 @@ class ObjectReader:
         if offset >= end:
             return b"", offset >= size
         eof = end >= size
-        if size <= self.config.small_file_max:
-            hit = self.read_cached(store.name, key, etag, size, offset, count)
-            if hit is not None:
-                return hit
-            if offset == 0 and self.opened.listening:
-                self.opened.note_open(store.name, key, False)
-            self.stats.misses += 1
-            bkey = (store.name, key, etag, 0)
-            fut = self._join(bkey)
-            if fut is None:
-                fut = self._start_fetch(store, key, etag, size, 0, 1, demand=True)[0]
-            data = await asyncio.shield(fut)
-            if offset == 0 and end == len(data):
-                return data, eof
-            return memoryview(data)[offset:end], eof
-        return await self._read_blocks(store, key, etag, size, offset, end), eof
+        for _ in range(2):  # a broken disk-tier mapping: fetched once more
+            if size <= self.config.small_file_max:
+                got = await self._read_small(store, key, etag, size, offset, count, end)
+            else:
+                got = await self._read_blocks(store, key, etag, size, offset, end)
+            if got is not None:
+                return got, eof
+        raise IoError(f"{key}: the disk tier's entry broke under its mapping twice")
+
+    async def _read_small(
+        self, store: ObjectStore, key: str, etag: str, size: int, offset: int, count: int, end: int
+    ) -> bytes | memoryview | None:
+        """``_read`` of a small object; None when the bytes were a broken mapping (dropped)."""
+        hit = self.read_cached(store.name, key, etag, size, offset, count)
+        if hit is not None:
+            return hit[0]
+        if offset == 0 and self.opened.listening:
+            self.opened.note_open(store.name, key, False)
+        self.stats.misses += 1
+        bkey = (store.name, key, etag, 0)
+        fut = self._join(bkey)
+        if fut is None:
+            fut = self._start_fetch(store, key, etag, size, 0, 1, demand=True)[0]
+        data = await asyncio.shield(fut)
+        if is_mapping(data):
+            return self._from_mapping(bkey, size, data, offset, end)
+        if offset == 0 and end == len(data):
+            return data
+        return memoryview(data)[offset:end]
 
     def read_cached(
         self, store_name: str, key: str, etag: str, size: int, offset: int, count: int
@@ -231,22 +267,83 @@ class ObjectReader:
         path, ``gateway.fastpath``), counted as ``read`` counts a hit; None (and nothing
         counted or told) when it is not there. ``offset`` and ``count`` are >= 0 and
         ``offset`` < ``size`` <= ``small_file_max``."""
-        data = self.cache.lookup((store_name, key, etag, 0))
+        bkey = (store_name, key, etag, 0)
+        data = self.cache.lookup(bkey)
         if data is None:
             return None
+        end = min(offset + count, size)
+        if is_mapping(data):
+            out = self._from_mapping(bkey, size, data, offset, end)
+            if out is None:
+                return None  # broken: dropped, the caller fetches again
+        elif offset == 0 and end == len(data):
+            out = data
+        else:
+            out = memoryview(data)[offset:end]
         if offset == 0 and self.opened.listening:
             self.opened.note_open(store_name, key, True)
-        end = min(offset + count, size)
         stats = self.stats
         stats.hits += 1
         stats.bytes_hit += end - offset
-        if offset == 0 and end == len(data):
-            return data, end >= size
-        return memoryview(data)[offset:end], end >= size
+        return out, end >= size
+
+    # -- mapped entries (module docstring, "Mapped entries") -------------------------------
+
+    def _from_mapping(
+        self, bkey: BlockKey, size: int, data: memoryview, lo: int, hi: int
+    ) -> bytes | memoryview | None:
+        """Bytes ``[lo, hi)`` of ``data``, a disk-tier mapping of block ``bkey`` (of an
+        object of ``size`` bytes), safe to hand to the transport: the mapping itself when its
+        pages can be read now and the transport sends buffers as they are (a kernel-side
+        copy), else a copy made under the SIGBUS guard; None when it is broken (dropped)."""
+        if self._copies_on_send():
+            got = fastwire.copy_mapped(data, lo, hi)
+            if got is not None:
+                return got
+        elif fastwire.mapped_readable(data, lo, hi):
+            return data if lo == 0 and hi == len(data) else data[lo:hi]
+        self._broken(bkey, size)
+        return None
+
+    def _copies_on_send(self) -> bool:
+        """Whether the running loop's transports copy a reply's buffers in user space: the
+        standard loop's ``writelines`` joins them before Python 3.12 (uvloop's, and the
+        standard one's from 3.12, hand them to ``sendmsg``/``writev`` as they are)."""
+        copies = self._send_copies
+        if copies is None:
+            loop = asyncio.get_running_loop()
+            copies = sys.version_info < (3, 12) and not type(loop).__module__.startswith("uvloop")
+            self._send_copies = copies
+        return copies
+
+    def _broken(self, bkey: BlockKey, size: int) -> None:
+        """Block ``bkey``'s mapping is broken: drop its version's blocks from memory and a
+        finished fetch of it still listed, and have the disk tier check and drop its entry
+        (in the background)."""
+        store_name, key, etag, block = bkey
+        self.cache.invalidate(store_name, key, etag)
+        p = self._inflight.get(bkey)
+        if p is not None and p.future.done():
+            del self._inflight[bkey]
+        disk = self.disk
+        if disk is None:
+            return
+        if size <= self.config.small_file_max:
+            start, length = 0, size
+        else:
+            bs = self.config.block_size
+            start = block * bs
+            length = min(bs, size - start)
+        t = asyncio.get_running_loop().create_task(
+            disk.drop(disk_key(store_name, key, etag, start, length))
+        )
+        self._drops.add(t)
+        t.add_done_callback(self._drops.discard)
 
     async def _read_blocks(
         self, store: ObjectStore, key: str, etag: str, size: int, offset: int, end: int
-    ) -> bytes | memoryview:
+    ) -> bytes | memoryview | None:
+        """``_read`` of a large object's blocks; None when one was a broken mapping."""
         bs = self.config.block_size
         first = offset // bs
         last = (end - 1) // bs
@@ -273,12 +370,27 @@ class ObjectReader:
             got[run_first - first : run_first - first + n] = futs
         self._readahead(store, key, etag, size, offset, end)
 
-        parts: list[memoryview] = []
+        parts: list[bytes | memoryview] = []
+        broken = False
         for i, item in enumerate(got):
             assert item is not None
             data = await asyncio.shield(item) if isinstance(item, asyncio.Future) else item
             b = first + i
-            parts.append(memoryview(data)[max(offset - b * bs, 0) : min(end - b * bs, len(data))])
+            lo, hi = max(offset - b * bs, 0), min(end - b * bs, len(data))
+            if not is_mapping(data):
+                parts.append(memoryview(data)[lo:hi])
+            elif len(got) == 1:  # sent as it is (or copied when the transport would)
+                part = self._from_mapping((name, key, etag, b), size, data, lo, hi)
+                broken = broken or part is None
+                parts.append(part if part is not None else b"")
+            else:  # joined below: copied here, under the guard
+                copy = fastwire.copy_mapped(data, lo, hi)
+                if copy is None:
+                    self._broken((name, key, etag, b), size)
+                    broken = True
+                parts.append(copy if copy is not None else b"")
+        if broken:
+            return None
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)
@@ -723,6 +835,7 @@ class ObjectReader:
         """Cancel fetches in flight (their waiters get ``CancelledError``) and wait for them."""
         tasks: list[asyncio.Future[Any]] = [f.task for f in self._fetches if f.task is not None]
         tasks += self.warming.values()
+        tasks += self._drops
         for t in tasks:
             t.cancel()
         if tasks:

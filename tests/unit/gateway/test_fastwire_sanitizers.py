@@ -5,11 +5,13 @@ a temporary directory and runs this file as a script in a child Python (the same
 interpreter, ``libasan`` preloaded since the interpreter is not instrumented,
 ``PYTHONMALLOC=malloc`` so that every object is its own allocation with red zones around it):
 a bounded fuzz loop (``fuzz``) of mutated, truncated and random records through
-``parse_call``, random streams through ``RecordReader`` and the reply builders at their
-limits, each result compared with the Python twin's. Records are handed over in buffers of
-exactly their size (ctypes arrays, allocated by malloc), so reading one byte past the end is
-an ASan report. Any report, or any difference from the twin, ends the child with a non-zero
-status; the test wants status 0 and the child's count of cases.
+``parse_call``, random streams through ``RecordReader``, the reply builders at their
+limits, the guarded reads of mappings (``copy_mapped``, ``mapped_readable``) on files
+truncated under them, each result compared with the Python twin's (or the file). Records
+are handed over in buffers of exactly their size (ctypes arrays, allocated by malloc), so
+reading one byte past the end is an ASan report. Any report, or any difference from the
+twin, ends the child with a non-zero status; the test wants status 0 and the child's count
+of cases.
 
 Skips when gcc or its libasan is missing, unless ``NFSGW_REQUIRE_NATIVE=1``.
 """
@@ -204,6 +206,8 @@ class Fuzz:
                     if bytes(view) != data[off : off + n]:
                         raise AssertionError(f"Mapping({size}, {n}, {off}) differs")
                     self.cases += 1
+                self.guarded(fd, path, size, data)
+                fd = os.open(path, os.O_RDONLY)
                 bad_args = ((fd, 0), (fd, -1), (fd, size + 1), (-1, 1), (fd, 1, -4096))
                 for bad in (*bad_args, (fd, size, mmap.PAGESIZE), (fd, 1, 1)):
                     try:
@@ -215,6 +219,42 @@ class Fuzz:
             finally:
                 os.close(fd)
             os.unlink(path)
+
+    def guarded(self, fd: int, path: str, size: int, data: bytes) -> None:
+        """``copy_mapped`` and ``mapped_readable`` on random ranges of a mapping (the same
+        bytes as the file; readable), then with the file truncated under it at a random
+        point (ranges before it still read, ranges reaching past it None / False), then
+        rewritten to its size (readable again). Closes ``fd``."""
+        import mmap
+
+        m = memoryview(self.c.Mapping(fd, size))
+        os.close(fd)
+        for _ in range(20):
+            lo = self.rng.randrange(size)
+            hi = self.rng.randint(lo + 1, size)
+            if self.c.copy_mapped(m[lo:hi]) != data[lo:hi] or not self.c.mapped_readable(m[lo:hi]):
+                raise AssertionError(f"copy_mapped/mapped_readable of [{lo}:{hi}] differs")
+            self.cases += 1
+        cut = self.rng.randrange(size)
+        os.truncate(path, cut)
+        ok_end = cut - cut % mmap.PAGESIZE  # whole pages before the cut stay readable
+        for _ in range(20):
+            lo = self.rng.randrange(size)
+            hi = self.rng.randint(lo + 1, size)
+            got, readable = self.c.copy_mapped(m[lo:hi]), self.c.mapped_readable(m[lo:hi])
+            past = (
+                -(-hi // mmap.PAGESIZE) * mmap.PAGESIZE > -(-cut // mmap.PAGESIZE) * mmap.PAGESIZE
+            )
+            if past and (got is not None or readable):
+                raise AssertionError(f"[{lo}:{hi}] past a cut at {cut} read as {readable}")
+            if hi <= ok_end and (got != data[lo:hi] or not readable):
+                raise AssertionError(f"[{lo}:{hi}] before a cut at {cut} not read")
+            self.cases += 1
+        with open(path, "wb") as f:
+            f.write(data)
+        if self.c.copy_mapped(m) is None or not self.c.mapped_readable(m):
+            raise AssertionError("a mapping of a file restored to its size is not readable")
+        self.cases += 1
 
     def body_buffers(self) -> None:
         """``BodyBuffer`` of many sizes filled through memoryview slices in random pieces (as
