@@ -176,6 +176,10 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
+# Temporary file names (``.tmp.PID.N.TIME``): one counter per process, not per store, so two
+# stores over one directory in one process (tests; a reload) never pick the same name.
+_TMP_SEQ: Final = itertools.count()
+
 AUTO_SHARE: Final = 0.5  # of (free space + what the cache holds - floor) at start
 DEFAULT_FLOOR_SHARE: Final = 0.05  # of the filesystem's size
 LOW_WATER: Final = 0.95  # an over-budget tier is shrunk to this share of the budget
@@ -316,7 +320,6 @@ class DiskStore:
         self._sketch = FrequencySketch(max(1024, budget // (128 * 1024)))
         self._refuse_until = 0.0
         self._fs_free = 0
-        self._seq = itertools.count()
         self._maint: asyncio.Task[None] | None = None
         self._closed = False
         self._batch: _Batch | None = None  # the open batch (entries join it: ``publish``)
@@ -728,7 +731,7 @@ class DiskStore:
         st = self.stats
         loop = asyncio.get_running_loop()
         n = len(b.keys)
-        tmp = f".tmp.{os.getpid()}.{next(self._seq)}.{int(time.time())}"
+        tmp = f".tmp.{os.getpid()}.{next(_TMP_SEQ)}.{int(time.time())}"
         status: list[int] = [_FAILED] * n
         views: list[memoryview | None] = [None] * n
         charge = 0  # the bundle's, as written

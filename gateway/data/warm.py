@@ -15,8 +15,10 @@ import asyncio
 from gateway.backend.base import BackendError, BackendUnavailable, ObjectStore
 from gateway.data.disk import disk_key
 from gateway.data.fetches import block_runs, same_etag
+from gateway.data.mappings import is_mapping
 from gateway.data.reader import ObjectReader
 from gateway.errors import VersionChanged
+from gateway.fastwire import copy_mapped
 
 __all__ = ["warm_object"]
 
@@ -123,4 +125,10 @@ async def _get(
     if len(res.data) != want:
         raise BackendError(f"{key}: got {len(res.data)} B for a {want} B range")
     stats.bytes_fetched += want
-    return bytes(res.data)
+    body = res.data
+    if is_mapping(body):  # a pack member found on the shared disk tier: copy it guarded
+        got = copy_mapped(body, 0, len(body))
+        if got is None:
+            raise BackendError(f"{key}: its disk-tier entry broke while being read")
+        return got
+    return bytes(body)
