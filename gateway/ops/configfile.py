@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from gateway.backend import parse_store_url
+from gateway.data.fleet import FleetConfig, parse_member
 from gateway.exports import ExportConfig, export_id_for
 from gateway.ops.config import (
     DEFAULT_ADMIN_LISTEN,
@@ -279,6 +280,37 @@ def _order(i: ConfigIssue) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
+def _check_fleet(ctx: _Ctx, fleet: FleetConfig, shared: str | None, srv: ServerSettings) -> None:
+    """A fleet without a shared tier does nothing; a fleet whose gateways cannot tell which
+    member they are disagree on who owns what."""
+    if not fleet.enabled:
+        return
+    if shared is None:
+        ctx.warn(
+            ("fleet",),
+            "a fleet without a shared tier: its members change nothing",
+            'set [cache] shared = "s3://BUCKET/PREFIX/" (--shared-cache)',
+        )
+    if fleet.self_ is None and srv.listen in ("0.0.0.0", "::"):
+        ctx.warn(
+            ("fleet", "self"),
+            f"unset, and the listen address {srv.listen} names no member",
+            "set it to this gateway's entry in members (--fleet-self, e.g. $(POD_IP):2049)",
+        )
+    elif fleet.members:
+        me = fleet.self_ or f"{srv.listen}:{srv.port}"
+        try:
+            found = parse_member(me) in {parse_member(m) for m in fleet.members}
+        except ValueError:
+            found = True  # reported as the listen address's own error
+        if not found:
+            ctx.warn(
+                ("fleet", "members"),
+                f"this gateway ({me}) is not among them: the others do not count it",
+                "list every gateway, this one included, or set self to its entry",
+            )
+
+
 def load_config(
     path: Path | None, overrides: Overrides | None = None
 ) -> tuple[ServerConfig, list[ConfigIssue]]:
@@ -361,6 +393,7 @@ def _build(ctx: _Ctx, raw: dict[str, Any], ov: Overrides) -> ServerConfig | None
             "raise it above wsize, or leave it out (wsize plus 64 KiB)",
         )
     sections["admin"] = _admin(ctx, sections["admin"])
+    _check_fleet(ctx, sections["fleet"], sections["cache"].data.shared.url, srv)
 
     defaults = _read(
         ctx, ("export_defaults",), ExportConfig, raw.get("export_defaults", {}), _EXPORT_ONLY

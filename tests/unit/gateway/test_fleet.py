@@ -98,3 +98,24 @@ def test_fleet_and_shared_tier_settings_from_file_and_flags(tmp_path: Path) -> N
         load_config(path)
     text = str(e.value.issues)
     assert "shared" in text and "members" in text
+
+
+def test_check_config_warns_about_a_fleet_that_cannot_work(tmp_path: Path) -> None:
+    path = tmp_path / "nfsgw.toml"
+    export = '[[export]]\npath = "/d"\nbackend = "file:///tmp"\n'
+
+    def warned(text: str) -> list[str]:
+        path.write_text(text + export)
+        return [str(w) for w in load_config(path)[1]]
+
+    shared = '[cache]\nshared = "s3://b/p/"\n'
+    assert any("without a shared tier" in w for w in warned(f'[fleet]\nmembers = ["{A}"]\n'))
+    wild = warned(f'[server]\nlisten = "0.0.0.0"\n{shared}[fleet]\nmembers = ["{A}", "{B}"]\n')
+    assert any("self" in w and "0.0.0.0" in w for w in wild), wild
+    out = warned(f'{shared}[fleet]\nmembers = ["{A}", "{B}"]\nself = "{C}"\n')
+    assert any("not among them" in w for w in out), out
+    assert not [
+        w
+        for w in warned(f'{shared}[fleet]\nmembers = ["{A}", "{B}"]\nself = "{B}"\n')
+        if "fleet" in w
+    ]
