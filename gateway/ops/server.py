@@ -206,18 +206,14 @@ class Server:
             self._sweep_idle()
             return conn
 
-        # Workers share the port: the kernel spreads connections over their listeners. The
-        # backlog (capped by net.core.somaxconn, 4096 since Linux 5.4): a burst of connects
-        # past it has its SYNs dropped and retried a second later, a real client's among them
-        # (1024 overflowed under a 10,000-connection flood: tests/reliability/
-        # test_hostile_peers.py; docs/reliability.md "Hostile peers: measured").
+        # Workers share the port: the kernel spreads connections over their listeners.
         srv = await loop.create_server(
             factory,
             c.server.listen,
             c.server.port,
             reuse_address=True,
             reuse_port=role is not None,
-            backlog=4096,
+            backlog=1024,
         )
         self._servers.append(srv)
         self.port = gw.port = srv.sockets[0].getsockname()[1]
