@@ -41,7 +41,14 @@ import structlog
 
 from gateway.dispatch import Dispatcher
 from gateway.registry import Gateway
-from gateway.transport import CallHandler, ConnectionStats, Peer, RpcConnection, TransportLimits
+from gateway.transport import (
+    CallHandler,
+    ConnectionStats,
+    ConnectionTable,
+    Peer,
+    RpcConnection,
+    TransportLimits,
+)
 from nfsproto import nfs3, rpc
 from nfsproto.nfs3 import NfsStat3
 from nfsproto.rpc import RecordError, RecordReader, frame
@@ -260,7 +267,7 @@ async def serve_owner_link(
     path: Path,
     local: CallHandler,
     limits: TransportLimits,
-    connections: set[RpcConnection],
+    connections: ConnectionTable,
     stats: ConnectionStats | None = None,
 ) -> asyncio.Server:
     """Listen on ``path`` for routed calls (the owner worker). The link's records carry a

@@ -8,7 +8,7 @@ partial record that makes no progress for ``stall_timeout_s`` while we are readi
 (bytes arriving are progress; time spent with reading paused by our own in-flight bound is
 not the client's stall).
 
-At a connection limit the listener makes room (``make_room``) by closing the oldest connection
+At a connection limit the listener makes room (``ConnectionTable.make_room``) by closing the oldest connection
 that never had a call answered, else the one idle longest; ``close_idle`` closes connections
 idle past ``[server] idle_timeout_s`` (knfsd's rules: a full table or an idle peer never locks
 real clients out).
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, cast
 
@@ -140,7 +140,7 @@ class RpcConnection(asyncio.Protocol):
         handler: CallHandler,
         limits: TransportLimits,
         stats: ConnectionStats,
-        connections: set[RpcConnection],
+        connections: ConnectionTable,
         fast: FastCalls | None = None,
     ) -> None:
         self._handler = handler
@@ -293,6 +293,8 @@ class RpcConnection(asyncio.Protocol):
             else:
                 out += reply
                 self.calls += 1
+                if not self.answered:
+                    self._connections.answered(self)
                 self.answered += 1
         if out and self._transport is not None and not self._closing:
             n = 0
@@ -335,6 +337,8 @@ class RpcConnection(asyncio.Protocol):
         reply = await self._handler(record, self.peer)
         if reply is None or self._closing:
             return
+        if not self.answered:
+            self._connections.answered(self)
         self.answered += 1
         self.active_at = asyncio.get_running_loop().time()
         if not self._can_write.is_set():
@@ -424,6 +428,7 @@ class RpcConnection(asyncio.Protocol):
 
     def abort(self) -> None:
         self._closing = True
+        self._connections.retire(self)
         if self._transport is not None:
             self._transport.abort()
 
@@ -441,17 +446,71 @@ class RpcConnection(asyncio.Protocol):
             self._transport.close()
 
 
-def make_room(connections: Collection[RpcConnection]) -> RpcConnection | None:
-    """The connection to close so a new one fits: the oldest that never had a call answered,
-    else the one idle longest; None when every connection is busy (the new one is refused)."""
-    never = [c for c in connections if not c.answered and not c.closing]
-    if never:
-        return min(never, key=lambda c: c.opened_at)
-    idle = [c for c in connections if c.idle and not c.closing]
-    return min(idle, key=lambda c: c.active_at) if idle else None
+class ConnectionTable:
+    """The open connections of a listener (or of several sharing one bound): in the order
+    they opened, by peer address, and those that never had a call answered, so that a new
+    connection at a limit finds whom to close without scanning the table (an accept stays
+    constant-time under a flood of 10,000 idle connections). A connection leaves the
+    address index and the never-answered list once it is closing (``retire``), though it
+    stays counted until its transport is gone (``discard``)."""
+
+    __slots__ = ("_all", "_by_host", "_never")
+
+    def __init__(self) -> None:
+        self._all: dict[RpcConnection, None] = {}
+        self._never: dict[RpcConnection, None] = {}  # opening order
+        self._by_host: dict[str, dict[RpcConnection, None]] = {}
+
+    def add(self, conn: RpcConnection) -> None:
+        self._all[conn] = None
+        if not conn.answered:
+            self._never[conn] = None
+        self._by_host.setdefault(conn.peer.host, {})[conn] = None
+
+    def retire(self, conn: RpcConnection) -> None:
+        """``conn`` is closing: no longer a candidate, no longer counted for its address."""
+        self._never.pop(conn, None)
+        same = self._by_host.get(conn.peer.host)
+        if same is not None and same.pop(conn, 0) is None and not same:
+            del self._by_host[conn.peer.host]
+
+    def discard(self, conn: RpcConnection) -> None:
+        self._all.pop(conn, None)
+        self.retire(conn)
+
+    def answered(self, conn: RpcConnection) -> None:
+        """``conn`` had its first call answered."""
+        self._never.pop(conn, None)
+
+    def from_host(self, host: str) -> Collection[RpcConnection]:
+        """The open (not closing) connections from ``host``, oldest first."""
+        return self._by_host.get(host, {}).keys()
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def __iter__(self) -> Iterator[RpcConnection]:
+        return iter(self._all)
+
+    def __contains__(self, conn: object) -> bool:
+        return conn in self._all
+
+    def make_room(self, host: str | None = None) -> RpcConnection | None:
+        """The connection to close so a new one fits (from ``host`` only, or any): the
+        oldest that never had a call answered, else the one idle longest; None when every
+        one is busy (the new one is refused). The first is found in constant time; the
+        second scans (every connection then carried a call: at most the limit's count)."""
+        pool = self._never if host is None else self._by_host.get(host, {})
+        for c in pool:
+            if not c.answered and not c.closing:
+                return c
+            if host is None:
+                break  # the list's head is never a closing or answered one
+        idle = [c for c in (self._all if host is None else pool) if c.idle and not c.closing]
+        return min(idle, key=lambda c: c.active_at) if idle else None
 
 
-def close_idle(connections: Collection[RpcConnection], now: float, idle_timeout_s: float) -> int:
+def close_idle(connections: Iterable[RpcConnection], now: float, idle_timeout_s: float) -> int:
     """Abort the connections idle for ``idle_timeout_s`` (loop time ``now``); how many."""
     stale = [
         c for c in connections if not c.closing and c.idle and now - c.active_at >= idle_timeout_s

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import errno
 import time
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -64,9 +64,9 @@ from gateway.registry import Gateway
 from gateway.transport import (
     CallHandler,
     ConnectionStats,
+    ConnectionTable,
     RpcConnection,
     close_idle,
-    make_room,
 )
 from nfsproto import mount3, nfs3, portmap
 
@@ -121,7 +121,7 @@ class Server:
         self._exports: ExportBuilder | None = None
         self.dispatcher = Dispatcher(self.metrics, self.drc)
         self.conn_stats = ConnectionStats()
-        self.connections: set[RpcConnection] = set()
+        self.connections = ConnectionTable()
         self._servers: list[asyncio.Server] = []
         self._link: OwnerLink | None = None
         self._registered_with_rpcbind = False
@@ -204,7 +204,7 @@ class Server:
 
         def factory() -> asyncio.Protocol:
             full = len(self.connections) >= self.config.server.max_connections
-            if full and not self._make_room(self.connections, "max_connections"):
+            if full and not self._make_room(None, "max_connections"):
                 return _Refused()
             conn = RpcConnection(handler, limits, self.conn_stats, self.connections, fast)
             conn.admit = self._admit
@@ -354,10 +354,10 @@ class Server:
         assert self._exports is not None, "start() builds the exports"
         return self._exports.build(ec, self.config)
 
-    def _make_room(self, among: Collection[RpcConnection], limit: str) -> bool:
-        """Close one of ``among`` (``make_room``'s choice) for a new connection; False: every
-        one is busy and the new connection is refused."""
-        victim = make_room(among)
+    def _make_room(self, host: str | None, limit: str) -> bool:
+        """Close a connection (from ``host``, or any: ``ConnectionTable.make_room``'s
+        choice) for a new one; False: every one is busy and the new connection is refused."""
+        victim = self.connections.make_room(host)
         if victim is None:
             self.refused_connections += 1
             if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
@@ -387,8 +387,10 @@ class Server:
                 )
             return False
         cap = c.server.max_connections_per_address
-        same = [c for c in self.connections if c.peer.host == conn.peer.host and not c.closing]
-        return len(same) < cap or self._make_room(same, "max_connections_per_address")
+        host = conn.peer.host
+        if len(self.connections.from_host(host)) < cap:
+            return True
+        return self._make_room(host, "max_connections_per_address")
 
     def _sweep_idle(self) -> None:
         """Start the idle sweep, unless it runs: it runs while there are connections."""

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.exports import ExportConfig
-from gateway.transport import ConnectionStats, Peer, RpcConnection, TransportLimits
+from gateway.transport import ConnectionStats, ConnectionTable, Peer, RpcConnection, TransportLimits
 from nfsproto import mount3, nfs3, rpc
 from nfsproto.nfs3 import Nfs3Proc
 from nfsproto.rpc import LAST_FRAGMENT, AuthStat, RecordError, RecordReader
@@ -311,7 +311,7 @@ class _Conn:
         self.limits = limits
         self.delay = handler_delay_s
         self.stats = ConnectionStats()
-        self.conns: set[RpcConnection] = set()
+        self.conns = ConnectionTable()
 
     async def handler(self, record: Any, peer: Peer) -> list[Any]:
         await asyncio.sleep(self.delay)

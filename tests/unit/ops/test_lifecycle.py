@@ -71,7 +71,7 @@ async def test_stop_drains_in_flight_calls(tmp_path: Path, store: GatedStore, ga
         res = await read
         assert res.status == OK and bytes(res.data) == b"payload"
         await stop
-        assert server.connections == set() and server.conn_stats.open == 0
+        assert not server.connections and server.conn_stats.open == 0
 
 
 async def test_stop_gives_up_at_the_deadline(tmp_path: Path, store: GatedStore, gate: Gate) -> None:
@@ -87,7 +87,7 @@ async def test_stop_gives_up_at_the_deadline(tmp_path: Path, store: GatedStore, 
         await server.stop(drain_timeout_s=0.05)  # the gate never opens
         with pytest.raises((ConnectionError, OSError)):
             await read
-        assert server.connections == set()
+        assert not server.connections
 
 
 TOML = """\
@@ -320,3 +320,43 @@ def test_max_record_follows_the_largest_wsize(tmp_path: Path) -> None:
     _, warnings = load_config(path)
     warned = [str(w) for w in warnings]
     assert any("max_record" in w and "wsize" in w for w in warned), warned
+
+
+def test_connection_table_picks_without_scanning_and_forgets_closing_ones() -> None:
+    """The never-answered connection to close is the head of a list in opening order; a
+    connection aborted (closing) no longer counts for its address nor is chosen again."""
+    from dataclasses import dataclass
+    from typing import cast
+
+    from gateway.transport import ConnectionTable, Peer, RpcConnection
+
+    @dataclass(eq=False)
+    class Fake:
+        peer: Peer
+        answered: int = 0
+        closing: bool = False
+        idle: bool = True
+        active_at: float = 0.0
+
+    table = ConnectionTable()
+    conns = [Fake(Peer(f"10.0.0.{i % 3}", 1000 + i, 2049), active_at=float(i)) for i in range(9)]
+    for c in conns:
+        table.add(cast(RpcConnection, c))
+    assert len(table) == 9 and len(table.from_host("10.0.0.1")) == 3
+    assert table.make_room() is conns[0]
+    assert table.make_room("10.0.0.2") is conns[2]
+    conns[0].answered = 1
+    table.answered(cast(RpcConnection, conns[0]))
+    assert table.make_room() is conns[1]
+    conns[1].closing = True
+    table.retire(cast(RpcConnection, conns[1]))  # what abort() does
+    assert table.make_room() is conns[2] and len(table.from_host("10.0.0.1")) == 2
+    assert cast(RpcConnection, conns[1]) in table  # counted until its transport is gone
+    table.discard(cast(RpcConnection, conns[1]))
+    assert len(table) == 8
+    for c in conns[2:]:  # every one answered: the longest idle goes first
+        c.answered = 1
+        table.answered(cast(RpcConnection, c))
+    assert table.make_room() is conns[0]
+    conns[0].idle = False
+    assert table.make_room() is conns[2] and table.make_room("10.0.0.0") is conns[3]
