@@ -11,6 +11,7 @@ module's docstring says what it owns; from the loop down:
 - ``budget``: admission (the duel), eviction, scans, the maintenance task;
 - ``writes``: batches of entries, each written as one bundle;
 - ``state``: the per-process fields those three share;
+- ``tier``: ``DiskTier``, the ``gateway.data.tiers.Tier`` protocol over a ``DiskStore``;
 - ``entries``: blocking: read and verify an entry (or map it), write a bundle;
 - ``directory``: blocking: create, scan, evict, touch, sweep an older layout;
 - ``sharing``: blocking: fetch claims, the owner and its guests, the sole user's name filter;
