@@ -281,7 +281,7 @@ def mapping_fds() -> bool:
 def _file_range(data: memoryview, lo: int, hi: int) -> tuple[_FileMap, int, int] | None:
     """The Python twin's mapping behind ``data`` and where ``data[lo:hi]`` is in its file,
     when ``data`` reaches the end of that mapping (the disk tier's views do:
-    ``gateway.data.diskfile._map``)."""
+    ``gateway.data.disk.entries._map``)."""
     m = data.obj
     if not isinstance(m, _FileMap):
         return None
@@ -292,7 +292,7 @@ def _file_range(data: memoryview, lo: int, hi: int) -> tuple[_FileMap, int, int]
 def mapped_readable(data: memoryview, lo: int, hi: int) -> bool:
     """Whether every page of ``data[lo:hi]`` can be read now, without a signal; ``data`` is a
     view of a mapping from ``map_file`` that reaches the mapping's end (the disk tier's
-    bodies: ``gateway.data.diskfile._map``). The C twin asks the kernel to populate those
+    bodies: ``gateway.data.disk.entries._map``). The C twin asks the kernel to populate those
     pages (``madvise`` ``MADV_POPULATE_READ``: EFAULT where a touch would raise SIGBUS; on an
     older kernel it loads a byte of each page under a SIGBUS guard). The Python twin checks
     with ``fstat`` that the file still reaches the end of the range, then populates the

@@ -5,7 +5,7 @@ Owns: object bytes between the backend and the READ handler. Must not: know abou
 handles or attributes (callers pass ``(store, key, etag, size)``), or block the event loop.
 
 ``cache.py`` stores and evicts (memory tier; ``mappings.py``: the slices and file mappings it
-holds), ``disk.py`` and ``diskfile.py`` the disk tier shared by the worker processes,
+holds), ``disk/`` the disk tier shared by the worker processes (its ``__init__`` maps it),
 ``reader.py`` fetches (``fetches.py`` its bookkeeping, ``slots.py`` bounds its GETs,
 ``warm.py`` fills the disk tier for warm-ups) and tells ``events.FileOpened`` of READs (the
 prefetcher, ``prefetch.py``, listens), ``sketch.py`` counts, ``stats.py`` exposes counters
@@ -14,7 +14,7 @@ for ``gateway.ops.metrics``.
 
 from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, BlockKey, DataCache
 from gateway.data.config import DataConfig, DiskConfig
-from gateway.data.disk import DiskStore, open_disk_tier
+from gateway.data.disk.store import DiskStore, open_disk_tier
 from gateway.data.reader import ObjectReader
 from gateway.data.stats import DataStats, DiskStats
 

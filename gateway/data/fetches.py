@@ -12,7 +12,7 @@ import asyncio
 
 from gateway.backend.base import ObjectStore
 from gateway.data.cache import BlockKey
-from gateway.data.disk import DiskKey
+from gateway.data.disk.fileformat import DiskKey
 from gateway.data.mappings import is_mapping
 
 __all__ = [

@@ -43,7 +43,7 @@ def mapped_size(view: memoryview) -> int:
     """The pages behind ``view``, a slice of a file mapping (``is_mapping``): those its bytes
     span (at most its length plus a page), rounded up to whole pages, and no more than the
     whole mapping's (a disk-tier body is mapped from the page it starts in to its end:
-    ``gateway.data.diskfile._map``)."""
+    ``gateway.data.disk.entries._map``)."""
     span = min(memoryview(view.obj).nbytes, view.nbytes + mmap.PAGESIZE - 1)
     return -(-span // mmap.PAGESIZE) * mmap.PAGESIZE
 

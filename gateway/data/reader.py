@@ -41,7 +41,7 @@ needs, so a READ never waits for 8 MiB it did not ask for.
 
 Mapped entries
 --------------
-A disk-tier hit may be a read-only mapping of the entry's pages (``gateway.data.diskfile``,
+A disk-tier hit may be a read-only mapping of the entry's pages (``gateway.data.disk.entries``,
 "Mappings"), verified once when mapped. Its file can still be truncated, removed and
 truncated, or fail to read back under it (another program, a failing disk): a user-space
 touch of such a page raises SIGBUS, which would kill the worker. So a READ answered from a
@@ -96,7 +96,8 @@ from gateway.backend.base import (
 )
 from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES, BlockKey, DataCache
 from gateway.data.config import DataConfig
-from gateway.data.disk import DiskStore, disk_key
+from gateway.data.disk.fileformat import disk_key
+from gateway.data.disk.store import DiskStore
 from gateway.data.events import FileOpened
 from gateway.data.fetches import (
     Fetch,
@@ -424,7 +425,7 @@ class ObjectReader:
         (None: nothing written). A version being fetched, or in memory already, is left alone.
 
         One worker that keeps it in memory does not write it to disk: a write costs more
-        than the rest of a member's cold path in CPU here (``diskfile.write_bundle``:
+        than the rest of a member's cold path in CPU here (``entries.write_bundle``:
         ~0.2-0.35 ms per 110 kB entry in bundles on this VM's ext4, against ~0.1 ms), and a
         shuffled epoch reads it from memory anyway."""
         if not 0 < len(data) <= self.config.small_file_max:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway.backend.base import BackendError, BackendUnavailable, ObjectStore
-from gateway.data.disk import disk_key
+from gateway.data.disk.fileformat import disk_key
 from gateway.data.fetches import block_runs, same_etag
 from gateway.data.mappings import is_mapping
 from gateway.data.reader import ObjectReader

@@ -53,7 +53,7 @@ def cannot_share(config: ServerConfig) -> str:
     """Why the workers could not share one data cache ("" when they can), said in one line:
     without it each would fetch and hold every file it serves (N copies, N GETs), so the
     gateway serves with one process instead."""
-    from gateway.data.disk import resolve_cache_dir, usable
+    from gateway.data.disk.store import resolve_cache_dir, usable
 
     cache_dir = resolve_cache_dir(config.server.cache_dir, config.server.state_dir)
     why = usable(cache_dir, config.cache.data.disk)

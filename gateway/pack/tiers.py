@@ -17,8 +17,9 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, Protocol
 
-from gateway.data import diskfile
-from gateway.data.disk import DiskStore, disk_key
+from gateway.data.disk import sharing
+from gateway.data.disk.fileformat import DiskKey, disk_key
+from gateway.data.disk.store import DiskStore
 
 if TYPE_CHECKING:
     from gateway.data.reader import ObjectReader
@@ -62,15 +63,15 @@ class TierClaims:
         self._name = store_name
         self._mapped = mapped
 
-    def _key(self, key: str, etag: str, size: int) -> diskfile.DiskKey:
+    def _key(self, key: str, etag: str, size: int) -> DiskKey:
         return disk_key(self._name, key, etag, 0, size)
 
     def stripe(self, key: str, etag: str, size: int) -> str:
-        return self._key(key, etag, size).name[:3]  # diskfile.claim's lock file
+        return self._key(key, etag, size).name[:3]  # sharing.claim's lock file
 
     async def claim(self, key: str, etag: str, size: int) -> tuple[int, bool]:
         fut = asyncio.get_running_loop().run_in_executor(
-            None, diskfile.claim, self._disk.root, self._key(key, etag, size)
+            None, sharing.claim, self._disk.root, self._key(key, etag, size)
         )
         try:
             return await asyncio.shield(fut)

@@ -144,8 +144,8 @@ def test_dataset_eight_times_memory_costs_no_get_in_epoch_two_and_after_restarts
 
 def damage_two_entries(names: list[Path]) -> None:
     """Flip the last byte of one entry's body, and cut the last 1000 bytes of another,
-    the last entry of a bundle (``gateway.data.diskfile``) that holds neither the first."""
-    from gateway.data.diskfile import find_in_table
+    the last entry of a bundle (``gateway.data.disk.fileformat``) that holds neither the first."""
+    from gateway.data.disk.fileformat import find_in_table
 
     def span(p: Path) -> tuple[int, int]:
         why, off, nbytes = find_in_table(p.read_bytes()[:4096], p.name)

@@ -1,6 +1,6 @@
 """Disk-tier entries truncated or removed under their mappings while READs run.
 
-A disk-tier hit is served from a read-only mapping of its bundle (``gateway.data.diskfile``,
+A disk-tier hit is served from a read-only mapping of its bundle (``gateway.data.disk.entries``,
 "Mappings"). Another program truncating a bundle makes a user-space touch of its pages raise
 SIGBUS, which kills the process: the gateway must never make one. Here a real gateway
 (``MemoryGateway``: the server listening on 127.0.0.1, a disk tier under the test's

@@ -1,4 +1,4 @@
-"""The disk tier's bundles (layout v2, ``gateway.data.diskfile``): several entries in one
+"""The disk tier's bundles (layout v2, ``gateway.data.disk.fileformat``): several entries in one
 inode, one hard link per entry name. What is checked: each entry of a bundle is read and
 verified on its own (and mapped as a slice charged its own pages); a damaged entry is
 dropped alone (its name unlinked) while its neighbours still verify; a damaged or random
@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from gateway.data import disk as disk_module
-from gateway.data import diskfile as files
 from gateway.data.config import DiskConfig
-from gateway.data.disk import DiskKey, DiskStore, disk_key
-from gateway.data.diskfile import BAD, HIT, MISS, bundle_charge, charge_of, find_in_table
+from gateway.data.disk import budget, directory, entries
+from gateway.data.disk.entries import BAD, HIT, MISS
+from gateway.data.disk.fileformat import DiskKey, bundle_charge, charge_of, disk_key, find_in_table
+from gateway.data.disk.store import DiskStore
 from gateway.data.mappings import mapped_size
 from gateway.data.stats import DiskStats
 
@@ -106,7 +106,7 @@ async def test_a_bundle_holds_several_entries_each_read_and_verified(tmp_path: P
         pages = memoryview(body.obj).nbytes
         assert mapped_size(body) == charge_of(pages) <= charge_of(len(data)) + 4096
         assert pages < stats[0].st_size
-        assert files.read_entry(disk.path(k), k) == (HIT, data, "")
+        assert entries.read_entry(disk.path(k), k) == (HIT, data, "")
     assert disk.stats.hits == 10 and disk.stats.corrupt == 0
     await disk.rescan()
     assert disk.used_bytes == inode_sizes(disk.root) and disk.stats.entries == 5
@@ -174,10 +174,10 @@ def test_random_damage_to_a_bundle_is_never_served_nor_raised(tmp_path: Path) ->
         for k in keys:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(root, k.name[:2], k.name))
-        status, _, _, _ = files.write_bundle(
+        status, _, _, _ = entries.write_bundle(
             root, keys, [d for _, d in items], 0, f".tmp.{trial}.0.{int(time.time())}"
         )
-        assert status == [files.WRITTEN] * 4
+        assert status == [entries.WRITTEN] * 4
         path = os.path.join(root, keys[0].name[:2], keys[0].name)
         raw = bytearray(Path(path).read_bytes())
         kind = trial % 3
@@ -192,7 +192,7 @@ def test_random_damage_to_a_bundle_is_never_served_nor_raised(tmp_path: Path) ->
             f.truncate(0)
             f.write(raw)
         for (k, data), mapped in zip(items, (False, True, False, True), strict=True):
-            st, body, why, _ = files.verify(os.path.join(root, k.name[:2], k.name), k, mapped)
+            st, body, why, _ = entries.verify(os.path.join(root, k.name[:2], k.name), k, mapped)
             assert st in (HIT, BAD, MISS)
             if st == HIT:
                 assert bytes(body) == data
@@ -238,19 +238,19 @@ async def test_eviction_takes_whole_bundles_and_frees_their_bytes_with_the_last_
 
 
 def test_a_bundle_is_freed_only_when_its_last_name_goes(tmp_path: Path) -> None:
-    root, _, _ = files.prepare(tmp_path)
+    root, _, _ = directory.prepare(tmp_path)
     items = [entry(i) for i in range(3)]
-    files.write_bundle(root, [k for k, _ in items], [d for _, d in items], 0, ".tmp.1.0.0")
-    sc = files.scan(root, 100)
+    entries.write_bundle(root, [k for k, _ in items], [d for _, d in items], 0, ".tmp.1.0.0")
+    sc = directory.scan(root, 100)
     assert sc.entries == 3 and sc.bundles == 1 and len(sc.oldest) == 1
     (v,) = sc.oldest
     assert sorted(v.names) == sorted(k.name for k, _ in items)
     unseen = v.names.pop()  # a name the scan did not see (linked during it)
-    assert files.evict(root, [v]) == (2, 0)  # unlinked, but nothing freed
-    assert files.scan(root, 100).used == v.charge
+    assert directory.evict(root, [v]) == (2, 0)  # unlinked, but nothing freed
+    assert directory.scan(root, 100).used == v.charge
     v.names = [unseen]
-    assert files.evict(root, [v]) == (1, v.charge)
-    assert files.scan(root, 100).used == 0
+    assert directory.evict(root, [v]) == (1, v.charge)
+    assert directory.scan(root, 100).used == 0
 
 
 async def test_a_touched_bundle_is_not_evicted_and_the_accounting_says_so(
@@ -276,10 +276,10 @@ def test_a_writer_that_crashed_between_link_and_unlink(tmp_path: Path) -> None:
     """Its temporary name is one more link to a bundle whose entries are fine: the scan
     charges the bundle once, and removes the temporary name by the birth time in its name
     (an hour), although hits on the entries keep the shared inode's mtime fresh."""
-    root, _, _ = files.prepare(tmp_path)
+    root, _, _ = directory.prepare(tmp_path)
     items = [entry(i) for i in range(2)]
     keys = [k for k, _ in items]
-    files.write_bundle(root, keys, [d for _, d in items], 0, ".tmp.1.0.0")
+    entries.write_bundle(root, keys, [d for _, d in items], 0, ".tmp.1.0.0")
     d = os.path.join(root, keys[0].name[:2])
     path0 = os.path.join(d, keys[0].name)
     born = int(time.time())
@@ -287,10 +287,10 @@ def test_a_writer_that_crashed_between_link_and_unlink(tmp_path: Path) -> None:
     recent = os.path.join(d, f".tmp.4243.8.{born}")
     os.link(path0, crashed)
     os.link(path0, recent)
-    files.touch(root, [keys[1].name])  # a hit: mtime now
+    directory.touch(root, [keys[1].name])  # a hit: mtime now
     for k, data in items:
-        assert files.read_entry(os.path.join(root, k.name[:2], k.name), k) == (HIT, data, "")
-    sc = files.scan(root, 100)
+        assert entries.read_entry(os.path.join(root, k.name[:2], k.name), k) == (HIT, data, "")
+    sc = directory.scan(root, 100)
     assert sc.used == bundle_charge(keys) and sc.entries == 2
     assert not os.path.exists(crashed) and os.path.exists(recent)
     assert os.stat(path0).st_nlink == 3
@@ -298,7 +298,7 @@ def test_a_writer_that_crashed_between_link_and_unlink(tmp_path: Path) -> None:
     lone = os.path.join(d, ".tmp.99.1")
     open(lone, "wb").close()
     os.utime(lone, (born - 7200, born - 7200))
-    files.scan(root, 100)
+    directory.scan(root, 100)
     assert not os.path.exists(lone)
 
 
@@ -373,7 +373,7 @@ async def test_an_old_layout_is_removed_in_bounded_steps_and_never_read(
     for i in range(9):
         (old / "00" / f"{i:032x}").write_bytes(b"x")
     (old / "locks" / "abc").write_bytes(b"")
-    monkeypatch.setattr(disk_module, "SWEEP_FILES", 4)
+    monkeypatch.setattr(budget, "SWEEP_FILES", 4)
     disk = await open_disk(tmp_path)
     assert await disk.read(k) is None and disk.stats.misses == 1  # v1 is not read
     rounds = 0

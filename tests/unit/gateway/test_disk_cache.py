@@ -23,13 +23,9 @@ from gateway.clock import Clock, FakeClock
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
 from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.data.config import DiskConfig
-from gateway.data.disk import DiskKey, DiskStore, disk_key, resolve_cache_dir
-from gateway.data.diskfile import (
-    TABLE_BYTES,
-    bundle_charge,
-    charge_of,
-    read_entry,
-)
+from gateway.data.disk.entries import read_entry
+from gateway.data.disk.fileformat import TABLE_BYTES, DiskKey, bundle_charge, charge_of, disk_key
+from gateway.data.disk.store import DiskStore, resolve_cache_dir
 from gateway.data.stats import DiskStats
 from gateway.data.warm import warm_object
 from tests.unit.gateway.test_datacache import FakeStore, as_store, payload

@@ -1,6 +1,6 @@
 """The disk tier's sole user answers misses without opening a file (``gateway.data.disk``,
-"One user, no look-ups"): the name filter (``diskfile.NameFilter``), the owner and its guests
-(``diskfile.presence``), and the tier's behaviour around them: what the owner skips, what a
+"One user, no look-ups"): the name filter (``sharing.NameFilter``), the owner and its guests
+(``sharing.presence``), and the tier's behaviour around them: what the owner skips, what a
 guest's arrival changes, what a scan restores, and that a shared tier never skips.
 
 Everything runs in ``tmp_path`` over the counting fake store of ``test_datacache``.
@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from gateway.data import diskfile
 from gateway.data.config import DiskConfig
-from gateway.data.disk import DiskStore
-from gateway.data.diskfile import NameFilter, guests_present, presence
+from gateway.data.disk import directory, entries
+from gateway.data.disk.fileformat import LOCKS, OWNER_LOCK
+from gateway.data.disk.sharing import NameFilter, guests_present, presence
+from gateway.data.disk.store import DiskStore
 from gateway.data.stats import DiskStats
 from tests.unit.gateway.test_datacache import FakeStore, payload
 from tests.unit.gateway.test_disk_cache import OBJ, dkey, open_disk, read_all, reader_over
@@ -52,7 +53,7 @@ def test_a_name_filter_is_bounded() -> None:
 
 def test_the_first_user_owns_the_directory_and_sees_a_guest_arrive(tmp_path: Path) -> None:
     root = str(tmp_path)
-    (tmp_path / diskfile.LOCKS).mkdir()
+    (tmp_path / LOCKS).mkdir()
     owner = presence(root)
     assert owner.owner and not guests_present(owner.guests_fd)
     mark = owner.mark()
@@ -72,15 +73,15 @@ def test_the_first_user_owns_the_directory_and_sees_a_guest_arrive(tmp_path: Pat
 
 
 def count_verifies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names the tier opened (``diskfile.verify`` runs on its executor)."""
+    """The names the tier opened (``entries.verify`` runs on its executor)."""
     opened: list[str] = []
-    real = diskfile.verify
+    real = entries.verify
 
     def verify(path: str, *a: Any) -> Any:
         opened.append(path)
         return real(path, *a)
 
-    monkeypatch.setattr(diskfile, "verify", verify)
+    monkeypatch.setattr(entries, "verify", verify)
     return opened
 
 
@@ -167,18 +168,18 @@ async def test_names_written_while_a_scan_runs_stay_known(
     guest = await open_disk(tmp_path)  # came and went: the owner's next scan rebuilds
     await guest.close()
     assert not await disk.contains(dkey(store, keys[0])) and disk.stats.name_filter_bytes == 0
-    real_scan = diskfile.scan
+    real_scan = directory.scan
     scanning = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def slow_scan(*a: Any) -> diskfile.Scan:
+    def slow_scan(*a: Any) -> directory.Scan:
         assert a[2] >= 0  # a rebuild: the guests' lock is asked, the names collected
         sc = real_scan(*a)  # it saw nothing yet; the entries are written while it "runs"
         loop.call_soon_threadsafe(scanning.set)
         time.sleep(0.3)
         return sc
 
-    monkeypatch.setattr(diskfile, "scan", slow_scan)
+    monkeypatch.setattr(directory, "scan", slow_scan)
     task = asyncio.create_task(disk.rescan())
     await scanning.wait()
     await read_each(disk, store, keys)
@@ -196,13 +197,13 @@ async def test_a_routine_rescan_keeps_the_filter_and_collects_no_names(
     store, keys = objects(3)
     disk = await open_disk(tmp_path)
     asked: list[int] = []
-    real_scan = diskfile.scan
+    real_scan = directory.scan
 
-    def scan(*a: Any) -> diskfile.Scan:
+    def scan(*a: Any) -> directory.Scan:
         asked.append(a[2])
         return real_scan(*a)
 
-    monkeypatch.setattr(diskfile, "scan", scan)
+    monkeypatch.setattr(directory, "scan", scan)
     await read_each(disk, store, keys)
     await disk.drain()
     await disk.rescan()
@@ -229,7 +230,7 @@ async def test_a_tier_whose_owner_lock_cannot_be_opened_works_without_skipping(
     tmp_path: Path,
 ) -> None:
     store, keys = objects(3)
-    (tmp_path / "v2" / diskfile.LOCKS / diskfile.OWNER_LOCK).mkdir(parents=True)  # EISDIR
+    (tmp_path / "v2" / LOCKS / OWNER_LOCK).mkdir(parents=True)  # EISDIR
     disk = await open_disk(tmp_path)
     assert disk.stats.name_filter_bytes == 0
     await read_each(disk, store, keys)

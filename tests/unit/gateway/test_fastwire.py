@@ -517,7 +517,7 @@ def test_record_reader_limits(native: ModuleType) -> None:
         native.RecordReader(5, ValueError).feed("text")
 
 
-# -- file mappings (the disk tier's entries, gateway.data.diskfile) ----------------------------
+# -- file mappings (the disk tier's entries, gateway.data.disk.entries) ----------------------
 
 
 @pytest.mark.parametrize("size", [1, 4095, 4096, 4097, 110_000])

@@ -30,7 +30,8 @@ from gateway.backend.memory import MemoryStore
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
 from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.data.config import DiskConfig
-from gateway.data.disk import DiskStore, disk_key
+from gateway.data.disk.fileformat import disk_key
+from gateway.data.disk.store import DiskStore
 from gateway.data.mappings import is_mapping
 from gateway.data.prefetch import DataPrefetcher
 from gateway.exports import ExportConfig

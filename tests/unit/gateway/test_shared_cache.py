@@ -21,8 +21,9 @@ from typing import Any
 from gateway.data import DataCache, DataConfig, DataStats, ObjectReader
 from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.data.config import DiskConfig
-from gateway.data.disk import DiskStore, disk_key
-from gateway.data.diskfile import claim as claim_file
+from gateway.data.disk.fileformat import disk_key
+from gateway.data.disk.sharing import claim as claim_file
+from gateway.data.disk.store import DiskStore
 from gateway.data.mappings import is_mapping, mapped_size
 from gateway.data.warm import warm_object
 from tests.unit.gateway.test_datacache import FakeStore, as_store, payload
