@@ -8,10 +8,10 @@ partial record that makes no progress for ``stall_timeout_s`` while we are readi
 (bytes arriving are progress; time spent with reading paused by our own in-flight bound is
 not the client's stall).
 
-At a connection limit the listener makes room (``ConnectionTable.make_room``) by closing the oldest connection
-that never had a call answered, else the one idle longest; ``close_idle`` closes connections
-idle past ``[server] idle_timeout_s`` (knfsd's rules: a full table or an idle peer never locks
-real clients out).
+At a connection limit the listener makes room (``ConnectionTable.make_room``) by closing the
+oldest connection that never had a call answered, else the one idle longest; ``close_idle``
+closes connections idle past ``[server] idle_timeout_s`` (knfsd's rules: a full table or an
+idle peer never locks real clients out).
 """
 
 from __future__ import annotations
