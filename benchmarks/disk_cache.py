@@ -45,7 +45,7 @@ from gateway.data import (
     ObjectReader,
 )
 from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
-from gateway.data.diskfile import disk_key
+from gateway.data.disk import disk_key
 from loadgen.dataset import DatasetSpec, make_dataset
 from loadgen.gwprocess import GatewayProcess
 from loadgen.proxy import DelayProxy

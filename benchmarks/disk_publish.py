@@ -52,9 +52,8 @@ def inodes(root: Path) -> tuple[int, int]:
 
 
 async def run(a: argparse.Namespace, work: Path) -> None:
-    from gateway.data import diskfile
     from gateway.data.config import DiskConfig
-    from gateway.data.disk import DiskStore, disk_key
+    from gateway.data.disk import DiskStore, disk_key, fileformat
 
     fields = {f.name for f in dataclasses.fields(DiskConfig)}
     kw: dict[str, Any] = {}
@@ -80,7 +79,7 @@ async def run(a: argparse.Namespace, work: Path) -> None:
     c1, t1 = cpu_s(), time.monotonic()
     written = sum(1 for t in tasks if t.result())
     names, files = inodes(Path(disk.root))
-    layout = getattr(diskfile, "LAYOUT", "?")
+    layout = getattr(fileformat, "LAYOUT", "?")
     print(
         f"layout {layout} {kw or ''}: {written} of {a.entries} entries written as {files} "
         f"files ({names} names) in {t1 - t0:.2f} s; publish CPU {1e6 * (c1 - c0) / a.entries:.0f}"
