@@ -9,6 +9,7 @@ configuration `nfsgw check-config` accepts with the DaemonSet's own flags."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import base64
 import configparser
@@ -191,9 +192,15 @@ def test_the_config_passes_check_config_with_the_daemonsets_flags(
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     args = [a.replace("$(POD_IP)", POD_IP) for a in c["args"]]
     assert f"--fleet-self={POD_IP}:2049" in args
-    # Every flag is one of `nfsgw serve`'s: argparse exits on an unknown one.
-    serve = build_parser()
-    parsed = serve.parse_args(["serve", *args])
+    # Every flag is one of `nfsgw serve`'s, spelt in full (argparse would take a prefix),
+    # and they parse (argparse exits on a bad value).
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    known = {o for a in sub.choices["serve"]._actions for o in a.option_strings}
+    for a in args:
+        if a.startswith("-"):
+            assert a.partition("=")[0] in known, f"{a}: not a flag of nfsgw serve"
+    parsed = parser.parse_args(["serve", *args])
     assert parsed.command == "serve"
     mounted = {m["mountPath"]: m for m in c["volumeMounts"]}
     config_path = parsed.config
