@@ -44,6 +44,7 @@ deb-deps:
 	command -v tshark >/dev/null || missing="$$missing tshark"; \
 	command -v qemu-system-x86_64 >/dev/null || missing="$$missing qemu-system-x86"; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	command -v gcc >/dev/null || missing="$$missing gcc libc6-dev"; \
 	$(PYTHON) -c 'import os, sys, sysconfig; \
 	  sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
