@@ -8,8 +8,9 @@ PY := $(VENV)/bin/python
 # e2e suite; its kernel and busybox are `apt-get download`ed by the suite into
 # $NFSGW_E2E_CACHE, default ~/.cache/nfsgw-e2e, see tests/e2e/guest.py), prometheus (the
 # Grafana dashboard's and the alert rules' expressions are evaluated by a real Prometheus,
-# tests/integration/test_dashboard.py).
-DEB_PKGS := libnfs-utils tshark qemu-system-x86 prometheus
+# tests/integration/test_dashboard.py), kubernetes-client (kubectl renders deploy/kubernetes
+# offline, tests/unit/test_deploy.py; any kubectl will do).
+DEB_PKGS := libnfs-utils tshark qemu-system-x86 prometheus kubernetes-client
 
 .PHONY: test venv deb-deps lint typecheck pytest bench clean demo
 
