@@ -122,6 +122,9 @@ class GwResult:
     foreign_fetches: int = 0
     shared_errors: int = 0
     fills_skipped: int = 0
+    skipped_by: dict[str, int] = field(default_factory=dict)  # fills skipped, by reason
+    put_ms: float = 0.0  # mean shared-tier PUT as the gateway saw it (its only PUTs)
+    get_ms: float = 0.0  # mean GET, origin and shared tier together
     breaker_open: float = 0.0
     killed: bool = False
     failure: str = ""
@@ -171,6 +174,7 @@ class Fleet:
         bucket: str,
         sw: SeaweedServer,
         region: str,
+        cache: dict[str, object],
     ) -> None:
         env = {k: v for k, v in os.environ.items() if k != "CACHE_DIRECTORY"}
         export = {
@@ -185,6 +189,7 @@ class Fleet:
                 work,
                 [export],
                 name=f"{tag}-gw{i + 1}",
+                sections={"cache": cache} if cache else None,
                 s3=Account(origin.endpoint_url, sw.access_key, sw.secret_key),
                 env=env,
             )
@@ -241,6 +246,26 @@ def fill(r: GwResult, m: Samples, m0: Samples) -> None:
         - labelled(m0, "nfsgw_shared_cache_fills_skipped_total")
     )
     r.breaker_open = metric(m, "nfsgw_shared_cache_breaker_open")
+    pre = "nfsgw_shared_cache_fills_skipped_total{"
+    r.skipped_by = {
+        k[len(pre) :].rstrip("}").partition("=")[2].strip('"'): round(v - m0.get(k, 0.0))
+        for k, v in m.items()
+        if k.startswith(pre) and round(v - m0.get(k, 0.0))
+    }
+    r.put_ms = mean_ms(m, m0, "op=put")
+    r.get_ms = mean_ms(m, m0, "op=get")
+
+
+def mean_ms(m: Samples, m0: Samples, op: str) -> float:
+    """The mean backend request duration of ``op`` between two scrapes, ms."""
+    total = count = 0.0
+    for k, v in m.items():
+        if op in k.lower():
+            if k.startswith("nfsgw_s3_request_duration_seconds_sum"):
+                total += v - m0.get(k, 0.0)
+            elif k.startswith("nfsgw_s3_request_duration_seconds_count"):
+                count += v - m0.get(k, 0.0)
+    return round(total / count * 1e3, 2) if count else 0.0
 
 
 def read_result(r: GwResult, scan_s: float, e: EpochRead) -> None:
@@ -342,7 +367,16 @@ class Bench:
             self.shared_sw.endpoint_url, a.shared_latency_ms, a.out / f"shared-proxy-{key}.log"
         )
         fleet = Fleet(
-            self.work, f"s{key}", self.origin, shared, bucket, self.shared_sw, self.shared_sw.region
+            self.work,
+            f"s{key}",
+            self.origin,
+            shared,
+            bucket,
+            self.shared_sw,
+            self.shared_sw.region,
+            {}
+            if a.shared_max_inflight_puts is None
+            else {"shared_max_inflight_puts": a.shared_max_inflight_puts},
         )
         readers: list[CReaders | None] = []
         try:
@@ -574,8 +608,9 @@ def describe(r: GwResult) -> str:
         f"{r.name}: {r.files} files, {r.files_per_s:,.0f} files/s ({r.files_per_s_with_scan:,.0f} "
         f"with the scan of {r.scan_s:.2f} s), p99 {r.p99_ms} ms, errors {r.errors}, origin "
         f"GETs {r.origin_gets}, shared hits {r.shared_hits} misses {r.shared_misses} fills "
-        f"{r.fills} (foreign {r.foreign_fetches}, skipped {r.fills_skipped}, errors "
-        f"{r.shared_errors}), breaker {r.breaker_open:g}, CPU {r.cpu_s} s = "
+        f"{r.fills} (foreign {r.foreign_fetches}, skipped {r.skipped_by or 0}, errors "
+        f"{r.shared_errors}), mean PUT {r.put_ms} ms, GET {r.get_ms} ms, breaker "
+        f"{r.breaker_open:g}, CPU {r.cpu_s} s = "
         f"{r.cpu_ms_per_file} ms/file{'; ' + r.failure if r.failure else ''}"
     )
 
@@ -657,6 +692,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--clients", type=int, default=4, help="C reader connections per gateway")
     p.add_argument("--scenario", default="1,2,3,4", help="which, comma-separated (1-4)")
+    p.add_argument(
+        "--shared-max-inflight-puts",
+        type=int,
+        default=None,
+        help="cache.shared_max_inflight_puts (a diagnosis; default: the gateway's, 16)",
+    )
     p.add_argument("--seed", type=int, default=1, help="epoch orders (gateway i: seed + i)")
     p.add_argument("--timeout", type=float, default=1800.0, help="bound on a scenario's reads, s")
     p.add_argument("--out", type=Path, default=OUT, help="results.json and the logs")
