@@ -123,8 +123,9 @@ class GwResult:
     shared_errors: int = 0
     fills_skipped: int = 0
     skipped_by: dict[str, int] = field(default_factory=dict)  # fills skipped, by reason
-    put_ms: float = 0.0  # mean shared-tier PUT as the gateway saw it (its only PUTs)
-    get_ms: float = 0.0  # mean GET, origin and shared tier together
+    # The mean origin GET as the gateway saw it (nfsgw_s3_request_duration_seconds: the
+    # shared tier's requests are not in it).
+    origin_get_ms: float = 0.0
     breaker_open: float = 0.0
     killed: bool = False
     failure: str = ""
@@ -252,8 +253,7 @@ def fill(r: GwResult, m: Samples, m0: Samples) -> None:
         for k, v in m.items()
         if k.startswith(pre) and round(v - m0.get(k, 0.0))
     }
-    r.put_ms = mean_ms(m, m0, "op=put")
-    r.get_ms = mean_ms(m, m0, "op=get")
+    r.origin_get_ms = mean_ms(m, m0, "op=get")
 
 
 def mean_ms(m: Samples, m0: Samples, op: str) -> float:
@@ -438,6 +438,7 @@ class Bench:
             "shared_gets": s1.get("GET", 0) - s0.get("GET", 0),
             "shared_puts": s1.get("PUT", 0) - s0.get("PUT", 0),
             "foreign_fetches": sum(r.foreign_fetches for r in s.gateways),
+            "fills_skipped": sum(r.fills_skipped for r in s.gateways),
             "errors": sum(r.errors for r in s.gateways),
         }
         g1, rest = s.gateways[0], s.gateways[1:]
@@ -484,14 +485,15 @@ class Bench:
         def kill_shared() -> None:
             if at:
                 return
+            assert self.origin is not None
+            origin = self.origin.counts()  # before the gateways' counts: none counted twice
             ms = [g.metrics() for g in gws]
             done = [loaded(m) - loaded(b) for m, b in zip(ms, m0, strict=True)]
             if sum(done) < GATEWAYS * n / 2:
                 return
             shared.proc.kill()
             shared.proc.wait(10)
-            assert self.origin is not None
-            at.append(Stop(ms, self.origin.counts()))
+            at.append(Stop(ms, origin))
             read = [metric(m, "nfsgw_prefetch_pass_read_files") for m in ms]
             log(f"  SIGKILL the shared tier's proxy: loaded {done}, read {read}")
 
@@ -533,6 +535,7 @@ class Bench:
             "origin_lists": o1.get("LIST", 0) - o0.get("LIST", 0),
             "origin_gets_per_object": round(gets / n, 4),
             "foreign_fetches": sum(r.foreign_fetches for r in s.gateways),
+            "fills_skipped": sum(r.fills_skipped for r in s.gateways),
             "errors": sum(r.errors for i, r in enumerate(s.gateways) if i in live),
             "files_read": sum(r.files for i, r in enumerate(s.gateways) if i in live),
         }
@@ -609,7 +612,7 @@ def describe(r: GwResult) -> str:
         f"with the scan of {r.scan_s:.2f} s), p99 {r.p99_ms} ms, errors {r.errors}, origin "
         f"GETs {r.origin_gets}, shared hits {r.shared_hits} misses {r.shared_misses} fills "
         f"{r.fills} (foreign {r.foreign_fetches}, skipped {r.skipped_by or 0}, errors "
-        f"{r.shared_errors}), mean PUT {r.put_ms} ms, GET {r.get_ms} ms, breaker "
+        f"{r.shared_errors}), mean origin GET {r.origin_get_ms} ms, breaker "
         f"{r.breaker_open:g}, CPU {r.cpu_s} s = "
         f"{r.cpu_ms_per_file} ms/file{'; ' + r.failure if r.failure else ''}"
     )
