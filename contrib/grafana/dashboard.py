@@ -241,7 +241,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               width=8),
         Panel("Shared tier fills",
               "Objects put in the shared tier per second, fills that failed and fills skipped "
-              "(breaker open, too big, PUTs or bytes in flight at their bound).", "ops",
+              "(breaker open, too big, fills queued or their bytes at their bound).", "ops",
               (Q(rate("nfsgw_shared_cache_fills_total"), "filled"),
                Q(rate("nfsgw_shared_cache_fill_errors_total"), "failed"),
                Q(rate("nfsgw_shared_cache_fills_skipped_total", by="reason"),

@@ -238,14 +238,16 @@ class SharedConfig:
     max_inflight_puts: int = field(
         default=16,
         metadata=setting(
-            int_in(1, 1024), "fills of the shared tier at once", key="shared_max_inflight_puts"
+            int_in(1, 1024),
+            "PUTs filling the shared tier at once (more fills wait their turn)",
+            key="shared_max_inflight_puts",
         ),
     )
     max_inflight_bytes: int = field(
         default=256 * MiB,
         metadata=setting(
             size(1 * MiB),
-            "bytes held for fills in flight (past it a fill is skipped)",
+            "bytes held for fills waiting or being sent (past it a fill is skipped)",
             key="shared_max_inflight_bytes",
         ),
     )

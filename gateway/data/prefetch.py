@@ -55,10 +55,11 @@ room there is), or know about NFS.
   (local backend). The directories it listed are queued and fetched once it is over, or as
   soon as a READ shows files being read (the training loop after ImageFolder's scan); a scan
   by LOOKUP alone does not pause it.
-- **A fleet first fetches what it owns.** With a shared tier and a fleet (``owns``), each
-  directory is walked twice: first the files this gateway owns (rendezvous hashing,
-  ``gateway.data.fleet``), fetched from the origin and put in the shared tier, then the others,
-  which by then the shared tier mostly holds (the reader looks there first). Gateways in a
+- **A fleet first fetches what it owns.** With a shared tier and a fleet (``owns``), every
+  directory is walked for the files this gateway owns (rendezvous hashing,
+  ``gateway.data.fleet``), fetched from the origin and put in the shared tier, before any
+  directory is walked for the others (``_later``), which by then the shared tier mostly holds
+  (the reader looks there first). Gateways in a
   concurrent cold epoch so fetch different files from the origin instead of the same ones.
 - **Polite.** At most ``prefetch_concurrency`` objects and ``prefetch_inflight`` bytes at
   once. A backend request retried anywhere in the gateway (503, SlowDown, a connection
@@ -224,6 +225,8 @@ class DataPrefetcher:
         self._max_size = small if cfg.max_size is None else min(cfg.max_size, small)
         self._dirs: OrderedDict[tuple[str, str], _Dir] = OrderedDict()
         self._queue: deque[_Dir] = deque()  # may hold stale entries (``_unqueue``)
+        # With a fleet: directories whose owned files are walked, waiting to walk the others.
+        self._later: deque[_Dir] = deque()
         self._queued = 0  # directories queued
         self._retry: deque[tuple[float, _Dir, int, int]] = deque()  # (due, dir, row, tries)
         self._pass = 0
@@ -513,42 +516,57 @@ class DataPrefetcher:
             _, d, r, tries = retry.popleft()
             if self._dirs.get((d.store.name, d.prefix)) is d and self._wanted(d, r):
                 return d, r, tries
-        queue = self._queue
         budget = SCAN_ROWS
-        while queue:
-            d = queue[0]
-            if not d.queued:  # unqueued (replaced, dropped) while waiting: its stale entry
+        for queue in (self._queue, self._later):
+            first = queue is self._queue
+            while queue:
+                d = queue[0]
+                if not d.queued:  # unqueued (replaced, dropped) while waiting: a stale entry
+                    queue.popleft()
+                    continue
+                cols = d.cols
+                kinds, sizes, hi = cols.kinds, cols.sizes, self._max_size
+                n, start, span = cols.n, d.start, d.span
+                phased = span > n
+                # With a fleet, the first queue walks only the owned files (rows [0, n)):
+                # every directory's owned files come before any directory's others.
+                end = n if phased and first else span
+                c = d.cursor
+                stop = min(end, c + budget)
+                while c < stop:
+                    r = c % n + start if phased else c + start
+                    if r >= n:
+                        r -= n
+                    if (
+                        kinds[r] == KIND_FILE
+                        and 0 < sizes[r] <= hi
+                        and (phased is False or self._in_walk(d, r, c < n))
+                        and self._wanted(d, r)
+                    ):
+                        d.cursor = c + 1
+                        return d, r, 0
+                    c += 1
+                budget -= c - d.cursor
+                d.cursor = c
+                if c < end:
+                    return False
                 queue.popleft()
-                continue
-            cols = d.cols
-            kinds, sizes, hi = cols.kinds, cols.sizes, self._max_size
-            n, start, span = cols.n, d.start, d.span
-            phased = span > n
-            c = d.cursor
-            stop = min(span, c + budget)
-            while c < stop:
-                r = c % n + start if phased else c + start
-                if r >= n:
-                    r -= n
-                if (
-                    kinds[r] == KIND_FILE
-                    and 0 < sizes[r] <= hi
-                    and (phased is False or self._in_walk(d, r, c < n))
-                    and self._wanted(d, r)
-                ):
-                    d.cursor = c + 1
-                    return d, r, 0
-                c += 1
-            budget -= c - d.cursor
-            d.cursor = c
-            if c < span:
-                return False
-            self._unqueue(d)
-            queue.popleft()
+                if c < span:
+                    self._walk_later(d)
+                else:
+                    self._unqueue(d)
         if retry:  # only retries left, not due yet: look again then
             delay = retry[0][0] - self._clock.monotonic()
             asyncio.get_running_loop().call_later(max(delay, 0.0), self._wake.set)
         return None
+
+    def _walk_later(self, d: _Dir) -> None:
+        """``d``'s owned files are walked: its others wait for every directory's owned ones
+        (``_later``, compacted like the queue)."""
+        later = self._later
+        if len(later) >= 2 * self._queued + STALE_SLACK:
+            self._later = later = deque(q for q in later if q.queued)
+        later.append(d)
 
     def _in_walk(self, d: _Dir, r: int, first: bool) -> bool:
         """With a fleet: whether row ``r`` is in the first walk (owned) or the second."""
@@ -681,7 +699,9 @@ class DataPrefetcher:
         s.dirs = len(self._dirs)
         s.queued_dirs = self._queued
         s.queued_files = sum(
-            (d.span - d.cursor) * d.cols.n // d.span for d in self._queue if d.queued and d.span
+            (d.span - d.cursor) * d.cols.n // d.span
+            for d in (*self._queue, *self._later)
+            if d.queued and d.span
         )
         s.queued_files += len(self._retry)
         s.inflight = self._inflight

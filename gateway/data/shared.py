@@ -9,8 +9,10 @@ says what it is (origin, object, ETag, range) and its CRC64NVME; the PUT also ca
 the store checks on the way in (``S3Store``). A body whose length, metadata or checksum does
 not match is a miss, counted by cause and logged once per cause, never served.
 
-Fills (``admit`` then ``put``) run in the background and are bounded (PUTs in flight, bytes
-held for them, the largest piece taken): they never delay a READ. A shared tier that fails
+Fills (``admit`` then ``put``) run in the background and are bounded (fills queued, the bytes
+they hold, PUTs sent at once, the largest piece taken): they never delay a READ. A fill past
+the PUTs at once waits its turn rather than being dropped (a dropped fill is an origin GET
+for every other gateway). A shared tier that fails
 (unreachable, slow, refusing credentials, full) is never an error for a client: its lookups
 and fills are skipped while its breaker is open (``Breaker``: a run of failures opens it for a
 cooldown, after which one request tries again), and one warning names the cause and the fix.
@@ -74,7 +76,8 @@ class SharedLimits:
     """The shared tier's bounds (``[cache] shared_*``)."""
 
     max_piece: int = 64 << 20  # larger pieces are not filled
-    max_inflight_puts: int = 16
+    max_inflight_puts: int = 16  # PUTs sent at once; more fills wait their turn
+    max_queued_fills: int = 4096  # fills waiting or being sent; past it a fill is skipped
     max_inflight_bytes: int = 256 << 20  # held for PUTs in flight
     breaker_failures: int = 3  # failures in a row that open the breaker
     breaker_cooldown_s: float = 30.0  # open this long, then one request tries again
@@ -102,10 +105,11 @@ class SharedStats:
     bad_checksum: int = 0
     skip_breaker: int = 0
     skip_too_big: int = 0
-    skip_puts: int = 0
+    skip_queue: int = 0
     skip_bytes: int = 0
-    inflight_puts: int = 0
-    inflight_bytes: int = 0
+    queued_fills: int = 0  # admitted, not finished (waiting or being sent)
+    inflight_puts: int = 0  # being sent
+    inflight_bytes: int = 0  # held by the queued fills
     fleet_members: int = 0  # a gauge (``SharedTier.read_stats``)
     fleet_changes: int = 0
 
@@ -198,6 +202,7 @@ class SharedTier:
         self.stats = stats or SharedStats()
         self.breaker = Breaker(self.limits.breaker_failures, self.limits.breaker_cooldown_s, clock)
         self.fleet = fleet
+        self._puts = asyncio.Semaphore(self.limits.max_inflight_puts)
         self._tasks: set[asyncio.Task[bool]] = set()
         self._warned: set[str] = set()
 
@@ -247,14 +252,18 @@ class SharedTier:
             cause = "breaker"
         elif piece.length > lim.max_piece:
             cause = "too_big"
-        elif st.inflight_puts >= lim.max_inflight_puts:
-            cause = "puts"
+        elif st.queued_fills >= lim.max_queued_fills:
+            cause = "queue"
         elif st.inflight_bytes + piece.length > lim.max_inflight_bytes:
             cause = "bytes"
+        if not self.owns(piece):
+            # Asked after every origin fetch of a shared piece: one another member owns
+            # (a duplicate when the owner fetches it too), whether or not it is filled.
+            st.foreign_fills += 1
         if cause is not None:
             st.count("skip", cause)
             return False
-        st.inflight_puts += 1
+        st.queued_fills += 1
         st.inflight_bytes += piece.length
         return True
 
@@ -291,21 +300,26 @@ class SharedTier:
                 return False
             crc = await _crc(data)
             meta = _metadata(self.origin(piece), piece, crc)
-            try:
-                async with asyncio.timeout(self.limits.timeout_s):
-                    await self.store.put(self.key(piece), data, meta)
-            except (BackendError, OSError, TimeoutError) as e:
-                st.fill_errors += 1
-                self._failed("fill", e)
-                return False
+            async with self._puts:
+                if self.breaker.is_open:  # it opened while this fill waited its turn
+                    st.count("skip", "breaker")
+                    return False
+                st.inflight_puts += 1
+                try:
+                    async with asyncio.timeout(self.limits.timeout_s):
+                        await self.store.put(self.key(piece), data, meta)
+                except (BackendError, OSError, TimeoutError) as e:
+                    st.fill_errors += 1
+                    self._failed("fill", e)
+                    return False
+                finally:
+                    st.inflight_puts -= 1
             self._succeeded()
             st.fills += 1
             st.fill_bytes += len(data)
-            if not self.owns(piece):
-                st.foreign_fills += 1
             return True
         finally:
-            st.inflight_puts -= 1
+            st.queued_fills -= 1
             st.inflight_bytes -= piece.length
 
     async def _verify(self, piece: Piece, got: GetResult) -> str | None:

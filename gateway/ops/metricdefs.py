@@ -470,18 +470,18 @@ METRICS: tuple[MetricDef, ...] = (
     _M("nfsgw_shared_cache_fill_errors_total", COUNTER,
        "Fills that failed (the READ was served all the same)", (), _F("shared", "fill_errors")),
     _M("nfsgw_shared_cache_foreign_fetches_total", COUNTER,
-       "Objects fetched from the origin here though another fleet member owns them (a "
-       "duplicate when the owner fetches them too)", (), _F("shared", "foreign_fills")),
+       "Objects fetched from the origin here though another fleet member owns them, filled "
+       "or not (a duplicate when the owner fetches them too)", (), _F("shared", "foreign_fills")),
     _M("nfsgw_shared_cache_refused_total", COUNTER,
        "Shared-tier bodies refused: wrong length, metadata (another origin, object or version) "
        "or checksum; never served", ("cause",),
        PerLabel("shared", (("length", "bad_length"), ("metadata", "bad_metadata"),
                            ("checksum", "bad_checksum")))),
     _M("nfsgw_shared_cache_fills_skipped_total", COUNTER,
-       "Fills not started: breaker open, piece over shared_max_piece, PUTs or bytes in flight "
+       "Fills not made: breaker open, piece over shared_max_piece, fills queued or their bytes "
        "at their bound", ("reason",),
        PerLabel("shared", (("breaker", "skip_breaker"), ("too_big", "skip_too_big"),
-                           ("puts", "skip_puts"), ("bytes", "skip_bytes")))),
+                           ("queue", "skip_queue"), ("bytes", "skip_bytes")))),
     _M("nfsgw_shared_cache_errors_total", COUNTER,
        "Shared-tier requests that failed (unreachable, slow, refused, full)", (),
        _F("shared", "errors")),
@@ -493,7 +493,9 @@ METRICS: tuple[MetricDef, ...] = (
     _M("nfsgw_shared_cache_breaker_open", GAUGE,
        "1 while the shared tier is skipped after failures", (), _F("shared", "breaker_open"),
        merge=MAX),
-    _M("nfsgw_shared_cache_inflight_puts", GAUGE, "Fills in flight", (),
+    _M("nfsgw_shared_cache_queued_fills", GAUGE, "Fills waiting or being sent", (),
+       _F("shared", "queued_fills")),
+    _M("nfsgw_shared_cache_inflight_puts", GAUGE, "Fills being sent (PUTs)", (),
        _F("shared", "inflight_puts")),
     _M("nfsgw_shared_cache_inflight_bytes", GAUGE, "Bytes held for fills in flight", (),
        _F("shared", "inflight_bytes")),

@@ -465,33 +465,37 @@ def test_reads_at_offset_0_reach_the_prefetcher_through_the_relay() -> None:
 
 
 def test_with_a_fleet_the_owned_files_are_fetched_first() -> None:
-    """``owns`` (a fleet's rendezvous hashing): a directory is walked for the files this
-    gateway owns, then for the others; each file is fetched once."""
+    """``owns`` (a fleet's rendezvous hashing): every directory is walked for the files this
+    gateway owns before any is walked for the others; each file is fetched once."""
 
     async def run() -> None:
         from gateway.data.config import PrefetchConfig
 
         store = MemoryStore("s")
         names = [f"f{i:02d}" for i in range(30)]
-        for n in names:
-            store.seed(f"d/{n}", n.encode() * 100)
-        etags = [store._objects[f"d/{n}".encode()].etag for n in names]
+        etags: dict[str, list[str]] = {}
+        for d in ("a", "b"):
+            for n in names:
+                store.seed(f"{d}/{n}", (d + n).encode() * 100)
+            etags[d] = [store._objects[f"{d}/{n}".encode()].etag for n in names]
 
         def owns(store_name: str, key: str, etag: str) -> bool:
-            assert store_name == "s" and etag in etags
+            assert store_name == "s"
             return int(key[-2:]) % 3 == 0
 
         reader = ObjectReader(DataCache(8 << 20))
         p = DataPrefetcher(reader, PrefetchConfig(concurrency=1), owns=owns)
-        p.add_dir(store, "d/", Columns(names, bytes(30), [200] * 30, [0] * 30, etags))
+        for d in ("a", "b"):
+            p.add_dir(store, f"{d}/", Columns(names, bytes(30), [200] * 30, [0] * 30, etags[d]))
         p.start()
         try:
-            await until(lambda: store.requests["get"] == 30)
+            await until(lambda: store.requests["get"] == 60)
         finally:
             await p.close()
         order = [key for op, key in store.log if op == "get"]
-        owned = [f"d/{n}" for n in names if int(n[-2:]) % 3 == 0]
-        assert sorted(order) == [f"d/{n}" for n in names]  # each once
-        assert order[: len(owned)] == owned  # the owned ones first, in name order
+        owned = [f"{d}/{n}" for d in ("a", "b") for n in names if int(n[-2:]) % 3 == 0]
+        assert sorted(order) == sorted(f"{d}/{n}" for d in ("a", "b") for n in names)
+        assert order[: len(owned)] == owned  # both directories' owned ones first
+        assert p.snapshot()["queued_dirs"] == 0
 
     asyncio.run(run())

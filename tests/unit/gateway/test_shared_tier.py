@@ -4,6 +4,7 @@ fills and a breaker — on a MemoryStore for the rules, on SeaweedFS for the rea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 
 import pytest
@@ -100,25 +101,34 @@ async def test_a_damaged_body_or_wrong_metadata_is_a_miss(damage: str, cause: st
     assert not t.breaker.is_open  # a bad entry is not a failing tier
 
 
-async def test_fills_are_bounded_and_skip_big_pieces() -> None:
+async def test_fills_wait_their_turn_and_are_bounded_by_queue_bytes_and_size() -> None:
     gate = asyncio.Event()
+    sending = [0, 0]  # now, most at once
 
     class Slow(MemoryStore):
         async def put(self, key, data, metadata=None):  # type: ignore[no-untyped-def]
+            sending[0] += 1
+            sending[1] = max(sending)
             await gate.wait()
+            sending[0] -= 1
             return await super().put(key, data, metadata)
 
-    t = tier(Slow("shared"), max_inflight_puts=2, max_inflight_bytes=3 * len(BODY))
-    pieces = [Piece("s3://origin", f"k{i}", "e", 0, len(BODY)) for i in range(4)]
-    assert t.admit(pieces[0]) and t.admit(pieces[1])
-    tasks = [t.put(p, BODY) for p in pieces[:2]]
-    assert not t.admit(pieces[2])  # two PUTs in flight
-    assert t.stats.skip_puts == 1
+    t = tier(Slow("shared"), max_inflight_puts=2, max_inflight_bytes=5 * len(BODY))
+    t.limits = dataclasses.replace(t.limits, max_queued_fills=4)
+    pieces = [Piece("s3://origin", f"k{i}", "e", 0, len(BODY)) for i in range(6)]
+    tasks = []
+    for p in pieces[:4]:
+        assert t.admit(p)  # past the PUTs at once: queued, not dropped
+        tasks.append(t.put(p, BODY))
+    assert not t.admit(pieces[4]) and t.stats.skip_queue == 1  # the queue's bound
+    await asyncio.sleep(0.05)
+    assert t.stats.queued_fills == 4 and t.stats.inflight_puts == 2 and sending[0] == 2
     big = Piece("s3://origin", "big", "e", 0, 65 << 20)
     assert not t.admit(big) and t.stats.skip_too_big == 1
     gate.set()
-    assert await asyncio.gather(*tasks) == [True, True]
-    assert t.stats.inflight_puts == 0 and t.stats.inflight_bytes == 0
+    assert await asyncio.gather(*tasks) == [True] * 4
+    assert sending[1] == 2  # never more than max_inflight_puts sent at once
+    assert t.stats.fills == 4 and t.stats.queued_fills == 0 and t.stats.inflight_bytes == 0
     t2 = tier(MemoryStore("s"), max_inflight_bytes=len(BODY) + 10)
     assert t2.admit(pieces[0]) and not t2.admit(pieces[1])
     assert t2.stats.skip_bytes == 1
