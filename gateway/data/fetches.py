@@ -51,6 +51,7 @@ class Fetch:
         "skip",
         "dkeys",
         "ahead",
+        "defer",
     )
 
     def __init__(
@@ -65,6 +66,10 @@ class Fetch:
         self.end = end  # None: the whole object, no Range header
         self.blocks: list[tuple[BlockKey, Pending, int, int]] = []
         self.demand = False
+        # A prefetch of a piece another fleet member owns: missing from the shared tier it
+        # fails with ``NotFilledYet`` (retried later) rather than going to the origin, unless
+        # a READ joined it meanwhile.
+        self.defer = False
         self.slot_ra = False
         self.waiter: asyncio.Future[None] | None = None
         self.cacheable = True

@@ -92,6 +92,7 @@ from gateway.data.cache import BLOCK_ENTRY_CHARGE_BYTES
 from gateway.data.config import PrefetchConfig
 from gateway.data.events import FileOpened
 from gateway.data.reader import ObjectReader
+from gateway.data.shared import NotFilledYet
 from gateway.data.warm import warm_object
 from gateway.errors import VersionChanged
 from gateway.namespace.columns import KIND_FILE, Columns
@@ -127,6 +128,9 @@ class PrefetchStats:
     """Of ``objects``, those written straight to the disk tier (memory had no room)."""
     errors: int = 0
     """Prefetches that failed (retried later, up to ``attempts`` per pass)."""
+    deferred: int = 0
+    """Prefetches of another fleet member's objects not yet in the shared tier: tried again
+    later (the last attempt fetches from the origin)."""
     changed: int = 0
     """Prefetches of objects that had changed or gone since listed (skipped)."""
     backoffs: int = 0
@@ -208,11 +212,15 @@ class DataPrefetcher:
         opened: FileOpened | None = None,
         clock: Clock | None = None,
         owns: Callable[[str, str, str], bool] | None = None,
+        backlog: Callable[[], bool] | None = None,
     ) -> None:
         self._reader = reader
         # (store name, key, ETag) -> whether this gateway fetches it for a fleet: walks take
         # the owned files first, then the others (found in the shared tier by then, mostly).
         self._owns = owns
+        # True while the shared tier's fills back up: wait (a fill skipped for room is an
+        # origin GET for every other gateway).
+        self._backlog = backlog
         self._clock = clock if clock is not None else SystemClock()
         self._cache = reader.cache
         self._cfg = cfg = config if config is not None else PrefetchConfig()
@@ -473,7 +481,13 @@ class DataPrefetcher:
                 # A done callback, not a Task per object: a Task, its coroutine, context and
                 # shield are ~20 objects per GET that outlive young collections and made a
                 # full collection every ~2,000 GETs (benchmarks/gc_scale.py).
-                fut = self._reader.prefetch(d.store, key, etag, size)
+                # Another member's object, not the last attempt: from the shared tier only.
+                defer = (
+                    self._owns is not None
+                    and tries + 1 < self._cfg.attempts
+                    and not self._owns(d.store.name, key, etag)
+                )
+                fut = self._reader.prefetch(d.store, key, etag, size, defer=defer)
                 if fut is None:
                     self._release(size)
                 else:
@@ -582,15 +596,23 @@ class DataPrefetcher:
         return d.skip is None or not d.skip(key)
 
     async def _room(self, size: int) -> str:
-        """Where the next object can go ("memory" or "disk"), waiting until one has room."""
+        """Where the next object can go ("memory" or "disk"), waiting until one has room
+        (and, with a shared tier, until its fills do not back up)."""
         charge = size + BLOCK_ENTRY_CHARGE_BYTES
         disk = self._reader.disk
         waited = False
         while True:
-            if self._memory and self._cache.room_for(self._inflight_charge + charge):
+            backlog = self._backlog is not None and self._backlog()
+            if backlog:
+                pass  # the shared tier's fills back up: wait for them
+            elif self._memory and self._cache.room_for(self._inflight_charge + charge):
                 where = "memory"
                 break
-            if disk is not None and self._clock.monotonic() >= self._disk_full_until:
+            if (
+                not backlog
+                and disk is not None
+                and self._clock.monotonic() >= self._disk_full_until
+            ):
                 if disk.has_room(size + 4096):
                     where = "disk"
                     break
@@ -638,6 +660,10 @@ class DataPrefetcher:
             self.stats.bytes += size
         elif isinstance(exc, PreconditionFailed | VersionChanged | ObjectNotFound):
             self.stats.changed += 1
+        elif isinstance(exc, NotFilledYet):  # its owner has not filled it: later
+            self.stats.deferred += 1
+            self._retry_later(d, r, tries)
+            return
         elif isinstance(exc, BackendError | OSError):
             failed = True
             self._failed(d, r, key, tries, exc)
@@ -650,16 +676,20 @@ class DataPrefetcher:
         """A prefetch failed: counted, retried later (``attempts`` per pass)."""
         stats = self.stats
         stats.errors += 1
+        self._retry_later(d, r, tries)
+        if stats.errors == 1 or stats.errors % 1000 == 0:
+            log.warning("prefetch_failed", key=key, error=str(exc), errors=stats.errors)
+        if isinstance(exc, BackendUnavailable):
+            self._back_off()
+
+    def _retry_later(self, d: _Dir, r: int, tries: int) -> None:
+        """Try row ``r`` again after ``retry_after_s`` x tries (``attempts`` per pass)."""
         if tries + 1 < self._cfg.attempts and self._cfg.max_retries:
             if len(self._retry) >= self._cfg.max_retries:
                 self._retry.popleft()
             due = self._clock.monotonic() + self._cfg.retry_after_s * (tries + 1)
             self._retry.append((due, d, r, tries + 1))
             self._wake.set()
-        if stats.errors == 1 or stats.errors % 1000 == 0:
-            log.warning("prefetch_failed", key=key, error=str(exc), errors=stats.errors)
-        if isinstance(exc, BackendUnavailable):
-            self._back_off()
 
     def _release(self, size: int) -> None:
         self._inflight -= 1

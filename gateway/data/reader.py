@@ -112,6 +112,7 @@ from gateway.data.fetches import (
     same_etag,
 )
 from gateway.data.mappings import is_mapping
+from gateway.data.shared import NotFilledYet
 from gateway.data.slots import FetchSlots
 from gateway.data.stats import DataStats
 from gateway.data.tiers import Piece, Tier
@@ -399,18 +400,22 @@ class ObjectReader:
     # -- data prefetch -------------------------------------------------------------------
 
     def prefetch(
-        self, store: ObjectStore, key: str, etag: str, size: int
+        self, store: ObjectStore, key: str, etag: str, size: int, *, defer: bool = False
     ) -> asyncio.Future[bytes | memoryview] | None:
         """Start fetching small object version ``etag`` (``size`` bytes) ahead of any READ,
         as a read-ahead-class GET (demand fetches go first; a READ joining it promotes it);
         the bytes land in the cache's ahead segment if it has room then (``DataCache.insert``).
-        None when it is cached, already being fetched, empty or not a small object."""
+        None when it is cached, already being fetched, empty or not a small object.
+        ``defer``: another fleet member owns it; missing from the shared tier, the fetch
+        fails with ``NotFilledYet`` instead of asking the origin (unless a READ joins it)."""
         if not 0 < size <= self.config.small_file_max:
             return None
         bkey = (store.name, key, etag, 0)
         if bkey in self.cache or bkey in self._inflight:
             return None
-        return self._start_fetch(store, key, etag, size, 0, 1, demand=False, ahead=True)[0]
+        fut = self._start_fetch(store, key, etag, size, 0, 1, demand=False, ahead=True)[0]
+        self._inflight[bkey].fetch.defer = defer and self.shared is not None
+        return fut
 
     def deposit(
         self, store_name: str, key: str, etag: str, data: bytes | memoryview, memory: bool = True
@@ -536,6 +541,8 @@ class ObjectReader:
             piece = self._shared_piece(f)
             body = None if piece is None else await self._from_shared(piece)
             if body is None:
+                if f.defer and not f.demand:
+                    raise NotFilledYet(f"{f.key}: not in the shared tier yet")
                 body = await self._from_origin(f)
                 if piece is not None:
                     self._fill_shared(piece, body)
@@ -547,6 +554,8 @@ class ObjectReader:
         except PreconditionFailed as exc:
             stats.precondition_failed += 1
             self._forget_version(f.store.name, f.key, f.etag)
+            self._fail(f, exc)
+        except NotFilledYet as exc:  # a deferred prefetch (the prefetcher counts it)
             self._fail(f, exc)
         except Exception as exc:
             stats.fetch_errors += 1

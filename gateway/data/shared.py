@@ -45,13 +45,27 @@ from gateway.backend.checksums import crc64nvme, fast_crcs
 from gateway.data.fleet import Fleet
 from gateway.data.tiers import NO_CLAIM, Claim, Piece
 
-__all__ = ["LAYOUT", "Breaker", "SharedLimits", "SharedStats", "SharedTier", "shared_key"]
+__all__ = [
+    "LAYOUT",
+    "Breaker",
+    "NotFilledYet",
+    "SharedLimits",
+    "SharedStats",
+    "SharedTier",
+    "shared_key",
+]
 
 log = structlog.get_logger(__name__)
 
 LAYOUT: Final = "v1"  # in every key: a new layout never reads an old one's bodies
 _META: Final = "nfsgw-"  # user-metadata names (x-amz-meta-nfsgw-...)
 _BIG: Final = 1 << 20  # a checksum over more than this runs off the event loop
+
+
+class NotFilledYet(BackendError):
+    """A prefetch of an object another fleet member owns found it missing from the shared
+    tier: its owner has not filled it yet. The data prefetcher tries again later (the last
+    attempt goes to the origin) instead of fetching it a second time for the fleet."""
 
 
 def shared_key(prefix: str, origin: str, piece: Piece) -> str:
@@ -288,6 +302,11 @@ class SharedTier:
 
     def owns(self, piece: Piece) -> bool:
         return self.fleet is None or self.fleet.owns(piece)
+
+    def backlogged(self) -> bool:
+        """Whether fills hold more than half their bytes bound: the data prefetcher then
+        waits (a fill skipped for room costs every other gateway an origin GET)."""
+        return self.stats.inflight_bytes * 2 > self.limits.max_inflight_bytes
 
     # -- the rest -----------------------------------------------------------------------------
 

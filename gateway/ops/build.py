@@ -353,6 +353,7 @@ def _prefetcher(
         share=(role.index, role.count) if role is not None else (0, 1),
         opened=opened,
         owns=_owner_test(shared),
+        backlog=shared.backlogged if shared is not None else None,
     )
 
 

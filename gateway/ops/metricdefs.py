@@ -324,6 +324,9 @@ METRICS: tuple[MetricDef, ...] = (
     _M("nfsgw_prefetch_errors_total", COUNTER,
        "Prefetches that failed (retried later; no client READ fails for them)", (),
        _F("prefetch", "errors")),
+    _M("nfsgw_prefetch_deferred_total", COUNTER,
+       "Prefetches of another fleet member's objects not in the shared tier yet (tried again "
+       "later; the last attempt fetches from the origin)", (), _F("prefetch", "deferred")),
     _M("nfsgw_prefetch_changed_total", COUNTER,
        "Prefetches of objects changed or deleted since they were listed (skipped)", (),
        _F("prefetch", "changed")),

@@ -499,3 +499,54 @@ def test_with_a_fleet_the_owned_files_are_fetched_first() -> None:
         assert p.snapshot()["queued_dirs"] == 0
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("owner_fills", [True, False])
+def test_another_members_objects_wait_for_its_fill_before_the_origin(owner_fills: bool) -> None:
+    """A prefetch of an object another fleet member owns looks in the shared tier only; a
+    miss is tried again later (``deferred``), and only the last attempt asks the origin: an
+    owner that fills in time costs the fleet no second origin GET."""
+
+    async def run() -> None:
+        from gateway.data.config import PrefetchConfig
+        from gateway.data.shared import SharedTier
+        from gateway.data.tiers import Piece
+
+        origin, bucket = MemoryStore("s"), MemoryStore("shared")
+        names = [f"f{i}" for i in range(6)]
+        for n in names:
+            origin.seed(f"d/{n}", n.encode() * 500)
+        etags = [origin._objects[f"d/{n}".encode()].etag for n in names]
+        mine = {f"d/f{i}" for i in (0, 2, 4)}
+
+        def owns(store_name: str, key: str, etag: str) -> bool:
+            return key in mine
+
+        tier = SharedTier(bucket, "c/")
+        reader = ObjectReader(DataCache(8 << 20), shared=tier)
+        cfg = PrefetchConfig(concurrency=2, retry_after_s=0.1, attempts=3)
+        p = DataPrefetcher(reader, cfg, owns=owns, backlog=tier.backlogged)
+        p.add_dir(origin, "d/", Columns(names, bytes(6), [1000] * 6, [0] * 6, etags))
+        p.start()
+        try:
+            if owner_fills:  # the owner's fills land while the first attempts wait
+                await until(lambda: p.stats.deferred >= 3)
+                owner = SharedTier(bucket, "c/")
+                for n, e in zip(names, etags, strict=True):
+                    if f"d/{n}" not in mine:
+                        piece = Piece("s", f"d/{n}", e, 0, 1000)
+                        assert owner.admit(piece)
+                        await owner.put(piece, n.encode() * 500)
+            pairs = list(zip(names, etags, strict=True))
+            await until(lambda: all(reader.cached("s", f"d/{n}", e) for n, e in pairs))
+            await tier.drain()
+        finally:
+            await p.close()
+        gets = sorted(k for op, k in origin.log if op == "get")
+        if owner_fills:
+            assert gets == sorted(mine) and tier.stats.hits == 3
+        else:  # the third attempt of each went to the origin
+            assert len(gets) == 6 and p.stats.deferred == 6
+        assert p.stats.errors == 0 and reader.stats.fetch_errors == 0
+
+    asyncio.run(run())
