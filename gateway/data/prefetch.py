@@ -59,7 +59,12 @@ room there is), or know about NFS.
   directory is walked for the files this gateway owns (rendezvous hashing,
   ``gateway.data.fleet``), fetched from the origin and put in the shared tier, before any
   directory is walked for the others (``_later``), which by then the shared tier mostly holds
-  (the reader looks there first). Gateways in a
+  (the reader looks there first). One not there yet is not fetched from the origin at once:
+  the shared tier's miss fails it (``NotFilledYet``, ``deferred``) and it is tried again after
+  ``retry_after_s`` (the last of ``attempts`` goes to the origin), unless ``DEFER_GIVE_UP``
+  retries in a row found nothing (its owners are not reading: a gateway alone, the others not
+  started or dead): deferring then stops for ``DEFER_OFF_S``. While the shared tier's fills
+  back up (``backlog``), nothing new starts. Gateways in a
   concurrent cold epoch so fetch different files from the origin instead of the same ones.
 - **Polite.** At most ``prefetch_concurrency`` objects and ``prefetch_inflight`` bytes at
   once. A backend request retried anywhere in the gateway (503, SlowDown, a connection
@@ -116,6 +121,11 @@ HIT_WINDOW: Final = 64
 RECENT_OPENS: Final = 32
 """Files opened last: a READ at offset 0 of one of them again is the same open (a
 decoder seeking back to the header), not a second read in the pass."""
+
+# Deferred retries that find nothing, in a row, before deferring stops (the owners are not
+# reading), and for how long; then it is tried again.
+DEFER_GIVE_UP: Final = 32
+DEFER_OFF_S: Final = 30.0
 
 
 @dataclass(slots=True)
@@ -221,6 +231,11 @@ class DataPrefetcher:
         # True while the shared tier's fills back up: wait (a fill skipped for room is an
         # origin GET for every other gateway).
         self._backlog = backlog
+        # Deferred objects whose retry found the shared tier still without them, in a row:
+        # past DEFER_GIVE_UP their owners are not reading (a gateway alone, the others not
+        # started or dead), so deferring stops for DEFER_OFF_S.
+        self._defer_misses = 0
+        self._defer_off_until = 0.0
         self._clock = clock if clock is not None else SystemClock()
         self._cache = reader.cache
         self._cfg = cfg = config if config is not None else PrefetchConfig()
@@ -485,6 +500,7 @@ class DataPrefetcher:
                 defer = (
                     self._owns is not None
                     and tries + 1 < self._cfg.attempts
+                    and self._clock.monotonic() >= self._defer_off_until
                     and not self._owns(d.store.name, key, etag)
                 )
                 fut = self._reader.prefetch(d.store, key, etag, size, defer=defer)
@@ -658,10 +674,18 @@ class DataPrefetcher:
         if exc is None:
             self.stats.objects += 1
             self.stats.bytes += size
+            if tries and self._defer_misses:  # a retry found its owner's fill
+                self._defer_misses = 0
         elif isinstance(exc, PreconditionFailed | VersionChanged | ObjectNotFound):
             self.stats.changed += 1
         elif isinstance(exc, NotFilledYet):  # its owner has not filled it: later
             self.stats.deferred += 1
+            if tries:
+                self._defer_misses += 1
+                if self._defer_misses >= DEFER_GIVE_UP:
+                    self._defer_misses = 0
+                    self._defer_off_until = self._clock.monotonic() + DEFER_OFF_S
+                    log.info("prefetch_defer_off", seconds=DEFER_OFF_S, reason="owners not filling")
             self._retry_later(d, r, tries)
             return
         elif isinstance(exc, BackendError | OSError):

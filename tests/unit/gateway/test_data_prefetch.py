@@ -550,3 +550,36 @@ def test_another_members_objects_wait_for_its_fill_before_the_origin(owner_fills
         assert p.stats.errors == 0 and reader.stats.fetch_errors == 0
 
     asyncio.run(run())
+
+
+def test_deferring_stops_when_the_owners_never_fill() -> None:
+    """A gateway alone (its fleet's other members not reading): after ``DEFER_GIVE_UP``
+    retries in a row that found nothing, another member's objects go to the origin at once."""
+
+    async def run() -> None:
+        from gateway.data.config import PrefetchConfig
+        from gateway.data.prefetch import DEFER_GIVE_UP
+        from gateway.data.shared import SharedTier
+
+        origin = MemoryStore("s")
+        names = [f"f{i:02d}" for i in range(80)]
+        for n in names:
+            origin.seed(f"d/{n}", n.encode() * 100)
+        etags = [origin._objects[f"d/{n}".encode()].etag for n in names]
+        tier = SharedTier(MemoryStore("shared"), "c/")
+        reader = ObjectReader(DataCache(8 << 20), shared=tier)
+        cfg = PrefetchConfig(concurrency=4, retry_after_s=0.05, attempts=3)
+        p = DataPrefetcher(reader, cfg, owns=lambda s, k, e: False)
+        p.add_dir(origin, "d/", Columns(names, bytes(80), [200] * 80, [0] * 80, etags))
+        p.start()
+        try:
+            await until(lambda: origin.requests["get"] == 80)
+        finally:
+            await p.close()
+        assert p._defer_off_until > 0
+        # every object deferred once; retries of DEFER_GIVE_UP of them missed; the rest, and
+        # every attempt after deferring stopped, went to the origin
+        assert 80 + DEFER_GIVE_UP <= p.stats.deferred < 2 * 80
+        assert sorted(k for op, k in origin.log if op == "get") == [f"d/{n}" for n in names]
+
+    asyncio.run(run())
