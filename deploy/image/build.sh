@@ -103,10 +103,12 @@ print("image: the wheel holds the three C extensions", file=sys.stderr)
 PY
   pipwhl=$(basename "$(ls "$work"/wheels/pip-*.whl)")
 
-  # 2. The root filesystem. Documentation, manual pages and translations are never
+  # 2. The root filesystem. /usr is merged by mmdebstrap's hook (usr-is-merged), not by the
+  # usrmerge package (which would bring perl: ~50 MB). Documentation, manual pages and translations are never
   # unpacked (copyright files are kept); apt's lists and caches go (mmdebstrap's cleanup).
   say "building the $suite root filesystem (mmdebstrap --mode=$mode)"
   mmdebstrap --mode="$mode" --variant=apt --format=tar \
+    --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
     --include=python3,ca-certificates \
     --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/info/*' \
@@ -117,7 +119,7 @@ PY
     --customize-hook="copy-in $work/wheels /tmp" \
     --customize-hook='chroot "$1" python3 -m venv --without-pip /opt/nfsgw' \
     --customize-hook="chroot \"\$1\" /opt/nfsgw/bin/python /tmp/wheels/$pipwhl/pip install \
-      --quiet --no-index --no-cache-dir --find-links /tmp/wheels nfsgw==$version" \
+      --isolated --quiet --no-index --no-cache-dir --find-links /tmp/wheels nfsgw==$version" \
     --customize-hook='chroot "$1" /opt/nfsgw/bin/nfsgw --version' \
     --customize-hook='rm -rf "$1"/tmp/wheels' \
     --customize-hook='ln -s /opt/nfsgw/bin/nfsgw "$1"/usr/local/bin/nfsgw' \
