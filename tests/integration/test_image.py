@@ -121,9 +121,10 @@ def test_image_labels_tag_and_config(image: Image) -> None:
     assert labels["org.opencontainers.image.title"] == "nfsgw"
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
     assert labels["org.opencontainers.image.source"]
-    assert manifest["annotations"]["org.opencontainers.image.revision"] == labels[
-        "org.opencontainers.image.revision"
-    ]
+    assert (
+        manifest["annotations"]["org.opencontainers.image.revision"]
+        == labels["org.opencontainers.image.revision"]
+    )
     assert config["config"]["User"] == "0:0"
     assert config["config"]["Entrypoint"] == ["nfsgw"]
     assert config["architecture"] == "amd64" and config["os"] == "linux"
@@ -261,7 +262,9 @@ mount --bind "$R" "$R"
 mount -o remount,bind,ro "$R"
 mount -t proc proc "$R/proc"
 mount -t tmpfs -o mode=755,nosuid dev "$R/dev"
-for d in null zero full random urandom; do touch "$R/dev/$d"; mount --bind "/dev/$d" "$R/dev/$d"; done
+for d in null zero full random urandom; do
+  touch "$R/dev/$d"; mount --bind "/dev/$d" "$R/dev/$d"
+done
 mkdir "$R/dev/shm"  # every runtime's (the file export's lister process needs semaphores)
 mount -t tmpfs -o mode=1777,size=64m shm "$R/dev/shm"
 mount -t tmpfs -o mode=700 state "$R/var/lib/nfsgw"
@@ -316,10 +319,8 @@ exec chroot "$R" /usr/bin/env -i "$@"
         assert os.readlink(f"/proc/{pid}/exe").startswith(r + "/usr/bin/python3")
         assert "ro" in root_mount_options(pid)
 
-        with LibNfs(
-            f"nfs://127.0.0.1/data?nfsport={port}&mountport={port}&version=3"
-            "&auto-traverse-mounts=0"
-        ) as nfs:
+        url = f"nfs://127.0.0.1/data?nfsport={port}&mountport={port}&version=3"
+        with LibNfs(url + "&auto-traverse-mounts=0") as nfs:
             assert sorted(nfs.listdir("/train")) == [f"c{i}" for i in range(5)]
             for rel in sorted(files):
                 got = nfs.read_file("/" + rel)
