@@ -22,7 +22,7 @@ file byte-exact; ``/readyz`` answers 200; the process is checked from the host
 (``/proc/PID``: uid, capabilities, root, read-only ``/``); SIGTERM stops it with status 0.
 
 The image is built by the test with ``NFSGW_IMAGE_CACHE=~/.cache/nfsgw-image``: the root
-filesystem is rebuilt (~75 s: wheels, mmdebstrap) only when pyproject.toml, the wheel's
+filesystem is rebuilt (1-2 min: wheels, mmdebstrap) only when pyproject.toml, the wheel's
 inputs or the build script change, else reused (~10 s to assemble the image). Skipped where
 mmdebstrap, umoci or libnfs are missing (``make image`` installs the first two), when not
 root (umoci unpack and chroot), or with ``NFSGW_IMAGE_TEST=0``.
