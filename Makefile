@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 # offline, tests/unit/test_deploy.py; any kubectl will do).
 DEB_PKGS := libnfs-utils tshark qemu-system-x86 prometheus kubernetes-client
 
-.PHONY: test venv deb-deps lint typecheck pytest bench clean demo
+.PHONY: test venv deb-deps lint typecheck pytest bench clean demo image
 
 venv: $(VENV)/.installed
 
@@ -91,6 +91,28 @@ demo: $(VENV)/.installed-demo $(if $(PEERS),$(VENV)/.installed-rclone)
 bench: venv
 	$(PY) benchmarks/codec_bench.py
 	$(PY) benchmarks/fastwire_bench.py
+
+# The OCI image deploy/kubernetes/ runs (localhost/nfsgw:<version>), from Debian's packages and
+# the project's wheel, with no registry and no container engine: build/image/oci (an OCI
+# layout) and build/image/nfsgw-<version>.oci.tar (docs/operations.md "The image"). As root
+# mmdebstrap builds in a chroot, as anyone else in unshare mode (user namespaces); the tools
+# come from Debian (installed here when root; gcc and python3-dev build the wheel's C).
+image: deb-deps
+	@missing=""; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	command -v umoci >/dev/null || missing="$$missing umoci"; \
+	/usr/bin/python3.11 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
+	test -e /usr/include/python3.11/Python.h || missing="$$missing python3-dev"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      -o DPkg::Lock::Timeout=600 --no-install-recommends $$missing >/dev/null; \
+	  else \
+	    echo "error: missing$$missing (apt-get install them as root)"; exit 1; \
+	  fi; \
+	fi
+	deploy/image/build.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis demo-results build
