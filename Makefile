@@ -9,8 +9,9 @@ PY := $(VENV)/bin/python
 # $NFSGW_E2E_CACHE, default ~/.cache/nfsgw-e2e, see tests/e2e/guest.py), prometheus (the
 # Grafana dashboard's and the alert rules' expressions are evaluated by a real Prometheus,
 # tests/integration/test_dashboard.py), kubernetes-client (kubectl renders deploy/kubernetes
-# offline, tests/unit/test_deploy.py; any kubectl will do).
-DEB_PKGS := libnfs-utils tshark qemu-system-x86 prometheus kubernetes-client
+# offline, tests/unit/test_deploy.py; any kubectl will do), mmdebstrap and umoci (the OCI
+# image, `make image`, built and run by tests/integration/test_image.py).
+DEB_PKGS := libnfs-utils tshark qemu-system-x86 prometheus kubernetes-client mmdebstrap umoci
 
 .PHONY: test venv deb-deps lint typecheck pytest bench clean demo image
 
@@ -46,6 +47,8 @@ deb-deps:
 	command -v qemu-system-x86_64 >/dev/null || missing="$$missing qemu-system-x86"; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	command -v umoci >/dev/null || missing="$$missing umoci"; \
 	command -v gcc >/dev/null || missing="$$missing gcc libc6-dev"; \
 	$(PYTHON) -c 'import os, sys, sysconfig; \
 	  sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
