@@ -49,6 +49,10 @@ deb-deps:
 	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	command -v umoci >/dev/null || missing="$$missing umoci"; \
+	if [ -x /usr/bin/python3.11 ]; then \
+	  /usr/bin/python3.11 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
+	  test -e /usr/include/python3.11/Python.h || missing="$$missing python3-dev"; \
+	fi; \
 	command -v gcc >/dev/null || missing="$$missing gcc libc6-dev"; \
 	$(PYTHON) -c 'import os, sys, sysconfig; \
 	  sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
