@@ -29,6 +29,7 @@ from gateway.backend.base import ObjectStore, RequestObserver, StoreTraits
 
 if TYPE_CHECKING:
     from gateway.backend.config import ChecksumPolicy, RetryPolicy, S3Config
+    from gateway.backend.s3 import PayloadSigning
 
 __all__ = [
     "StoreTraits",
@@ -156,6 +157,7 @@ def open_store(
     lean_http: bool | None = None,
     workers: int | None = None,
     create: bool | None = None,
+    payload_signing: PayloadSigning | None = None,
 ) -> ObjectStore:
     """Build the store for ``url`` (see the module docstring). ``s3`` (the ``[s3]`` section)
     gives an ``s3://`` store its defaults; a keyword given (not None) wins over it. Nothing
@@ -215,4 +217,6 @@ def open_store(
         kw["max_connections"] = given["max_connections"]
     if given.get("max_error_body") is not None:
         kw["max_error_body"] = given["max_error_body"]
+    if payload_signing is not None:
+        kw["payload_signing"] = payload_signing
     return S3Store(u.location, **kw)
