@@ -103,22 +103,10 @@ bench: venv
 # the project's wheel, with no registry and no container engine: build/image/oci (an OCI
 # layout) and build/image/nfsgw-<version>.oci.tar (docs/operations.md "The image"). As root
 # mmdebstrap builds in a chroot, as anyone else in unshare mode (user namespaces); the tools
-# come from Debian (installed here when root; gcc and python3-dev build the wheel's C).
+# come from Debian (deb-deps installs them when root; gcc and python3-dev build the wheel's C).
 image: deb-deps
-	@missing=""; \
-	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
-	command -v umoci >/dev/null || missing="$$missing umoci"; \
-	/usr/bin/python3.11 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
-	test -e /usr/include/python3.11/Python.h || missing="$$missing python3-dev"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing Debian packages:$$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	      -o DPkg::Lock::Timeout=600 --no-install-recommends $$missing >/dev/null; \
-	  else \
-	    echo "error: missing$$missing (apt-get install them as root)"; exit 1; \
-	  fi; \
-	fi
+	@for t in mmdebstrap umoci; do command -v $$t >/dev/null || \
+	  { echo "error: $$t is missing (make deb-deps as root installs it)"; exit 1; }; done
 	deploy/image/build.sh
 
 clean:
