@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, cast
@@ -38,6 +39,36 @@ log = structlog.get_logger(__name__)
 # largest payload plus a page or so.
 RECORD_HEADROOM: Final = 64 << 10
 DEFAULT_MAX_RECORD: Final = min(MAX_DATA, 1 << 20) + RECORD_HEADROOM
+
+
+class LogBudget:
+    """At most ``per_s`` lines a second for events a peer causes at will (a connection
+    opened, closed): a flood of 10,000 connections would otherwise write 20,000 journal lines
+    and spend the loop on rendering them. The first line after a suppressed stretch says how
+    many were left out (``suppressed``)."""
+
+    __slots__ = ("_left", "_second", "per_s", "suppressed")
+
+    def __init__(self, per_s: int) -> None:
+        self.per_s = per_s
+        self._second = -1
+        self._left = 0
+        self.suppressed = 0
+
+    def take(self) -> int | None:
+        """None: leave this line out; else the lines left out before it (0 mostly)."""
+        now = int(time.monotonic())
+        if now != self._second:
+            self._second, self._left = now, self.per_s
+        if self._left <= 0:
+            self.suppressed += 1
+            return None
+        self._left -= 1
+        gone, self.suppressed = self.suppressed, 0
+        return gone
+
+
+_CONN_LOGS: Final = LogBudget(100)  # connection_opened/_closed/_idle_closed, per process
 
 
 @dataclass(slots=True)
@@ -195,12 +226,15 @@ class RpcConnection(asyncio.Protocol):
         self._connections.add(self)
         self._stats.open += 1
         self._stats.opened += 1
-        log.info(
-            "connection_opened",
-            client=self.peer.host,
-            client_port=self.peer.port,
-            local_port=self.peer.local_port,
-        )
+        gone = _CONN_LOGS.take()
+        if gone is not None:
+            log.info(
+                "connection_opened",
+                client=self.peer.host,
+                client_port=self.peer.port,
+                local_port=self.peer.local_port,
+                suppressed=gone or None,
+            )
 
     def _admitted(self) -> bool:
         """The server's ``admit`` check; a check that fails closes the connection (logged),
@@ -227,13 +261,16 @@ class RpcConnection(asyncio.Protocol):
             t.cancel()
         self._queue.clear()
         self._can_write.set()
-        log.info(
-            "connection_closed",
-            client=self.peer.host,
-            client_port=self.peer.port,
-            calls=self.calls,
-            error=str(exc) if exc else None,
-        )
+        gone = _CONN_LOGS.take()
+        if gone is not None:
+            log.info(
+                "connection_closed",
+                client=self.peer.host,
+                client_port=self.peer.port,
+                calls=self.calls,
+                error=str(exc) if exc else None,
+                suppressed=gone or None,
+            )
 
     def data_received(self, data: bytes) -> None:
         self._stats.bytes_in += len(data)
@@ -516,6 +553,13 @@ def close_idle(connections: Iterable[RpcConnection], now: float, idle_timeout_s:
         c for c in connections if not c.closing and c.idle and now - c.active_at >= idle_timeout_s
     ]
     for c in stale:
-        log.info("connection_idle_closed", client=c.peer.host, client_port=c.peer.port)
+        gone = _CONN_LOGS.take()
+        if gone is not None:
+            log.info(
+                "connection_idle_closed",
+                client=c.peer.host,
+                client_port=c.peer.port,
+                suppressed=gone or None,
+            )
         c.abort()
     return len(stale)

@@ -360,3 +360,16 @@ def test_connection_table_picks_without_scanning_and_forgets_closing_ones() -> N
     assert table.make_room() is conns[0]
     conns[0].idle = False
     assert table.make_room() is conns[2] and table.make_room("10.0.0.0") is conns[3]
+
+
+def test_connection_logs_are_bounded_per_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer opening connections at will cannot flood the journal: past ``per_s`` lines a
+    second they are left out, and the next line says how many were."""
+    import gateway.transport as transport
+
+    now = [100.2]
+    monkeypatch.setattr(transport.time, "monotonic", lambda: now[0])
+    budget = transport.LogBudget(3)
+    assert [budget.take() for _ in range(5)] == [0, 0, 0, None, None]
+    now[0] = 101.0
+    assert budget.take() == 2 and budget.take() == 0
