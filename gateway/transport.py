@@ -508,8 +508,10 @@ class ConnectionTable:
         """``conn`` is closing: no longer a candidate, no longer counted for its address."""
         self._never.pop(conn, None)
         same = self._by_host.get(conn.peer.host)
-        if same is not None and same.pop(conn, 0) is None and not same:
-            del self._by_host[conn.peer.host]
+        if same is not None:
+            same.pop(conn, None)
+            if not same:
+                del self._by_host[conn.peer.host]
 
     def discard(self, conn: RpcConnection) -> None:
         self._all.pop(conn, None)

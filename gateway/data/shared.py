@@ -137,7 +137,7 @@ class Breaker:
     which it lets one request through (half open): its success closes it, its failure opens
     it again."""
 
-    __slots__ = ("_clock", "_probing", "cooldown_s", "failures", "open_until", "run")
+    __slots__ = ("_clock", "_probe_at", "cooldown_s", "failures", "open_until", "run")
 
     def __init__(
         self, failures: int, cooldown_s: float, clock: Callable[[], float] = time.monotonic
@@ -147,7 +147,10 @@ class Breaker:
         self._clock = clock
         self.run = 0  # failures in a row
         self.open_until: float | None = None
-        self._probing = False
+        # When the half-open state let its one request through (None: it has not): another
+        # goes only a cooldown later, so a request that never reports (cancelled) cannot
+        # keep the breaker open for good.
+        self._probe_at: float | None = None
 
     @property
     def is_open(self) -> bool:
@@ -157,15 +160,18 @@ class Breaker:
         """Whether a request may be sent now."""
         if self.open_until is None:
             return True
-        if self._probing or self._clock() < self.open_until:
+        now = self._clock()
+        if now < self.open_until:
             return False
-        self._probing = True  # the one request of the half-open state
+        if self._probe_at is not None and now < self._probe_at + self.cooldown_s:
+            return False
+        self._probe_at = now  # the one request of the half-open state
         return True
 
     def success(self) -> None:
         self.run = 0
         self.open_until = None
-        self._probing = False
+        self._probe_at = None
 
     def failure(self, at_once: bool = False) -> bool:
         """Count a failure (``at_once``: one that will not heal by itself, e.g. refused
@@ -174,7 +180,7 @@ class Breaker:
         was_open = self.open_until is not None
         if was_open or at_once or self.run >= self.failures:
             self.open_until = self._clock() + self.cooldown_s
-            self._probing = False
+            self._probe_at = None
             return not was_open
         return False
 

@@ -221,3 +221,15 @@ async def test_on_seaweedfs_a_fill_is_read_back_by_another_gateway(
     finally:
         await a.close()
         await b.close()
+
+
+def test_a_half_open_probe_that_never_reports_does_not_keep_the_breaker_open() -> None:
+    now = [0.0]
+    b = Breaker(1, 30.0, clock=lambda: now[0])
+    assert b.failure() and not b.allow()
+    now[0] = 31.0
+    assert b.allow() and not b.allow()  # one probe at a time
+    now[0] = 62.0  # that probe was cancelled: never a success or a failure
+    assert b.allow()
+    b.success()
+    assert not b.is_open and b.allow()
